@@ -1,0 +1,1 @@
+//! BMC drivers (Redfish, IPMI).

@@ -1,0 +1,803 @@
+//! Configuration: defaults < TOML file < `PXED_*` environment < command-line flags.
+//!
+//! All layers are merged as TOML values first and deserialized once into the wire
+//! structs (`deny_unknown_fields`), so a misspelled key is an error whichever layer it
+//! came from. The wire form is then validated into [`Config`].
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything that can go wrong while reading or validating configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config: {0}")]
+    Parse(String),
+    #[error("unknown environment variable {var} (no config key `{key}`)")]
+    UnknownEnv { var: String, key: String },
+    #[error("invalid value for {key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+    #[error("cannot read API token file {path}: {source}")]
+    TokenFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How DHCP is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DhcpMode {
+    /// A full server: addresses from the pool and reservations, plus boot options.
+    Full,
+    /// proxyDHCP beside an existing DHCP server: boot options only, no addresses.
+    Proxy,
+    /// No DHCP at all (HTTP and TFTP only).
+    Off,
+}
+
+/// The wire form of the config file. Every field is optional so layers can be merged.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Wire {
+    pub interfaces: Option<Vec<String>>,
+    pub server_ip: Option<Ipv4Addr>,
+    pub data_dir: Option<PathBuf>,
+    pub ipxe_dir: Option<PathBuf>,
+    pub images_dir: Option<PathBuf>,
+    pub images_catalog: Option<PathBuf>,
+    pub templates_dir: Option<PathBuf>,
+    pub http: Option<SocketAddr>,
+    pub tftp: Option<SocketAddr>,
+    /// Base URL of the local OS mirror; image paths are relative to it.
+    pub mirror_base: Option<String>,
+    pub default_image: Option<String>,
+    pub hostname_prefix: Option<String>,
+    pub api_token: Option<String>,
+    pub api_token_file: Option<PathBuf>,
+    pub dhcp: Option<DhcpWire>,
+    pub boot: Option<BootWire>,
+    pub tftp_server: Option<TftpWire>,
+    pub lifecycle: Option<LifecycleWire>,
+}
+
+/// `[dhcp]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DhcpWire {
+    pub mode: Option<DhcpMode>,
+    pub pool: Option<String>,
+    pub netmask: Option<Ipv4Addr>,
+    pub router: Option<Ipv4Addr>,
+    pub dns: Option<Vec<Ipv4Addr>>,
+    pub domain: Option<String>,
+    pub lease_time: Option<String>,
+    /// Extra subnets served through relays (matched by giaddr).
+    pub relay_subnets: Option<Vec<SubnetWire>>,
+    /// Static MAC → IP reservations (stored in SQLite on start).
+    pub reservations: Option<Vec<Reservation>>,
+}
+
+/// A subnet reached through a DHCP relay.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubnetWire {
+    pub pool: String,
+    pub netmask: Ipv4Addr,
+    pub router: Option<Ipv4Addr>,
+    pub dns: Option<Vec<Ipv4Addr>>,
+}
+
+/// A static address for one MAC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reservation {
+    pub mac: String,
+    pub ip: Ipv4Addr,
+    pub hostname: Option<String>,
+}
+
+/// `[boot]`: per-architecture boot file names (relative to the iPXE dir).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootWire {
+    pub bios: Option<String>,
+    pub uefi_x64: Option<String>,
+    pub uefi_arm64: Option<String>,
+    pub http_x64: Option<String>,
+    pub http_arm64: Option<String>,
+    /// Per-MAC overrides of the boot file (e.g. an operator-built arm64 snponly.efi).
+    pub per_mac: Option<BTreeMap<String, String>>,
+}
+
+/// `[tftp_server]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TftpWire {
+    pub max_transfers: Option<usize>,
+    pub timeout: Option<String>,
+    pub retries: Option<u32>,
+}
+
+/// `[lifecycle]`: deadline per state, retries.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleWire {
+    pub deadlines: Option<BTreeMap<String, String>>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<String>,
+}
+
+/// A pool: an inclusive address range inside a subnet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Pool {
+    pub start: Ipv4Addr,
+    pub end: Ipv4Addr,
+}
+
+impl Pool {
+    /// Parses `START-END`.
+    pub fn parse(s: &str) -> Result<Pool, String> {
+        let (a, b) = s
+            .split_once('-')
+            .ok_or_else(|| format!("`{s}` is not START-END"))?;
+        let start: Ipv4Addr = a.trim().parse().map_err(|e| format!("`{a}`: {e}"))?;
+        let end: Ipv4Addr = b.trim().parse().map_err(|e| format!("`{b}`: {e}"))?;
+        if u32::from(start) > u32::from(end) {
+            return Err(format!("pool start {start} is after end {end}"));
+        }
+        Ok(Pool { start, end })
+    }
+
+    /// Whether `ip` is inside the range.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        (u32::from(self.start)..=u32::from(self.end)).contains(&u32::from(ip))
+    }
+
+    /// Number of addresses.
+    pub fn len(&self) -> u32 {
+        u32::from(self.end) - u32::from(self.start) + 1
+    }
+
+    /// Never true: a pool has at least one address.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// A validated subnet with its pool and options.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Subnet {
+    pub pool: Pool,
+    pub netmask: Ipv4Addr,
+    pub router: Option<Ipv4Addr>,
+    pub dns: Vec<Ipv4Addr>,
+}
+
+impl Subnet {
+    /// The network address of the subnet.
+    pub fn network(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.pool.start) & u32::from(self.netmask))
+    }
+
+    /// Whether `ip` is inside the subnet (not only the pool).
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & u32::from(self.netmask) == u32::from(self.network())
+    }
+}
+
+/// Validated DHCP settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct DhcpConfig {
+    pub mode: DhcpMode,
+    /// The subnet of the served interfaces (full mode).
+    pub local: Option<Subnet>,
+    pub relay_subnets: Vec<Subnet>,
+    pub domain: Option<String>,
+    #[serde(with = "secs")]
+    pub lease_time: Duration,
+    pub reservations: Vec<Reservation>,
+}
+
+/// Validated boot file names.
+#[derive(Debug, Clone, Serialize)]
+pub struct BootConfig {
+    pub bios: String,
+    pub uefi_x64: String,
+    pub uefi_arm64: String,
+    pub http_x64: String,
+    pub http_arm64: String,
+    pub per_mac: BTreeMap<String, String>,
+}
+
+/// Validated TFTP server settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct TftpSettings {
+    pub max_transfers: usize,
+    #[serde(with = "secs")]
+    pub timeout: Duration,
+    pub retries: u32,
+}
+
+/// Validated lifecycle settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct LifecycleConfig {
+    /// Deadline per state name; states absent here have no deadline.
+    #[serde(with = "secs_map")]
+    pub deadlines: BTreeMap<String, Duration>,
+    pub max_attempts: u32,
+    #[serde(with = "secs")]
+    pub backoff: Duration,
+}
+
+/// The validated configuration `pxed serve` runs with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    pub interfaces: Vec<String>,
+    pub server_ip: Option<Ipv4Addr>,
+    pub data_dir: PathBuf,
+    pub ipxe_dir: PathBuf,
+    pub images_dir: PathBuf,
+    pub images_catalog: PathBuf,
+    pub templates_dir: Option<PathBuf>,
+    pub http: SocketAddr,
+    pub tftp: SocketAddr,
+    pub mirror_base: Option<String>,
+    pub default_image: Option<String>,
+    pub hostname_prefix: String,
+    #[serde(serialize_with = "mask")]
+    pub api_token: Option<String>,
+    pub dhcp: DhcpConfig,
+    pub boot: BootConfig,
+    pub tftp_server: TftpSettings,
+    pub lifecycle: LifecycleConfig,
+}
+
+fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(_) => s.serialize_str("********"),
+        None => s.serialize_none(),
+    }
+}
+
+mod secs {
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs_f64()))
+    }
+}
+
+mod secs_map {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(
+        m: &BTreeMap<String, Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(m.len()))?;
+        for (k, v) in m {
+            map.serialize_entry(k, &format!("{}s", v.as_secs_f64()))?;
+        }
+        map.end()
+    }
+}
+
+/// Parses `90`, `90s`, `5m`, `2h`, `1d` or `250ms` into a duration.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration"))?;
+    let mult = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (ms, s, m, h, d)")),
+    };
+    Ok(Duration::from_secs_f64(n * mult))
+}
+
+/// Command-line overrides (the last layer). `None` means "not given".
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub interfaces: Vec<String>,
+    pub server_ip: Option<Ipv4Addr>,
+    pub dhcp: Option<DhcpMode>,
+    pub pool: Option<String>,
+    pub netmask: Option<Ipv4Addr>,
+    pub router: Option<Ipv4Addr>,
+    pub dns: Vec<Ipv4Addr>,
+    pub lease_time: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub ipxe_dir: Option<PathBuf>,
+    pub images_dir: Option<PathBuf>,
+    pub http: Option<SocketAddr>,
+    pub tftp: Option<SocketAddr>,
+    pub api_token_file: Option<PathBuf>,
+    /// `--demo`: loopback ports, a local data dir and the repo's catalog.
+    pub demo: bool,
+}
+
+/// Environment variables that belong to the CLI client, not to the server config.
+const CLIENT_ENV: &[&str] = &["PXED_URL", "PXED_LOG", "PXED_CONFIG"];
+
+/// Reads all layers and validates the result.
+pub fn load(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    flags: &Flags,
+) -> Result<Config, ConfigError> {
+    let mut merged = toml::Table::new();
+    if flags.demo {
+        merge(&mut merged, demo_defaults());
+    }
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let t: toml::Table = toml::from_str(&text)
+            .map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?;
+        merge(&mut merged, t);
+    }
+    merge(&mut merged, env_layer(env)?);
+    merge(&mut merged, flag_layer(flags)?);
+    let wire: Wire = merged
+        .try_into()
+        .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+    validate(wire)
+}
+
+fn demo_defaults() -> toml::Table {
+    toml::toml! {
+        data_dir = "./pxed-demo"
+        ipxe_dir = "./ipxe/bin"
+        images_dir = "./pxed-demo/images"
+        images_catalog = "./images"
+        templates_dir = "./templates"
+        http = "127.0.0.1:8080"
+        tftp = "127.0.0.1:6969"
+        server_ip = "127.0.0.1"
+        mirror_base = "http://127.0.0.1:8080/images/"
+    }
+}
+
+/// Deep-merges `top` into `base` (tables recurse, anything else replaces).
+fn merge(base: &mut toml::Table, top: toml::Table) {
+    for (k, v) in top {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(t)) => merge(b, t),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// `PXED_DHCP__POOL=...` → `dhcp.pool`. Values are parsed as TOML where they can be,
+/// comma lists become arrays, anything else is a string.
+fn env_layer(env: impl IntoIterator<Item = (String, String)>) -> Result<toml::Table, ConfigError> {
+    let mut t = toml::Table::new();
+    for (var, val) in env {
+        let Some(rest) = var.strip_prefix("PXED_") else {
+            continue;
+        };
+        if CLIENT_ENV.contains(&var.as_str()) {
+            continue;
+        }
+        let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+        if path.iter().any(|p| p.is_empty()) {
+            return Err(ConfigError::UnknownEnv {
+                key: path.join("."),
+                var,
+            });
+        }
+        let value = env_value(&path, &val);
+        let mut cur = &mut t;
+        for p in &path[..path.len() - 1] {
+            cur = cur
+                .entry(p.clone())
+                .or_insert_with(|| toml::Value::Table(Default::default()))
+                .as_table_mut()
+                .expect("env path component is a table");
+        }
+        cur.insert(path[path.len() - 1].clone(), value);
+    }
+    Ok(t)
+}
+
+const LIST_KEYS: &[&str] = &["interfaces", "dns"];
+
+fn env_value(path: &[String], val: &str) -> toml::Value {
+    let last = path.last().map(String::as_str).unwrap_or("");
+    if LIST_KEYS.contains(&last) {
+        return toml::Value::Array(
+            val.split(',')
+                .map(|s| toml::Value::String(s.trim().to_string()))
+                .filter(|v| v.as_str() != Some(""))
+                .collect(),
+        );
+    }
+    if let Ok(v) = val.parse::<i64>() {
+        return toml::Value::Integer(v);
+    }
+    if let Ok(v) = val.parse::<bool>() {
+        return toml::Value::Boolean(v);
+    }
+    toml::Value::String(val.to_string())
+}
+
+fn flag_layer(f: &Flags) -> Result<toml::Table, ConfigError> {
+    let mut w = Wire::default();
+    if !f.interfaces.is_empty() {
+        w.interfaces = Some(f.interfaces.clone());
+    }
+    w.server_ip = f.server_ip;
+    w.data_dir = f.data_dir.clone();
+    w.ipxe_dir = f.ipxe_dir.clone();
+    w.images_dir = f.images_dir.clone();
+    w.http = f.http;
+    w.tftp = f.tftp;
+    w.api_token_file = f.api_token_file.clone();
+    let d = DhcpWire {
+        mode: f.dhcp,
+        pool: f.pool.clone(),
+        netmask: f.netmask,
+        router: f.router,
+        dns: (!f.dns.is_empty()).then(|| f.dns.clone()),
+        lease_time: f.lease_time.clone(),
+        ..Default::default()
+    };
+    w.dhcp = Some(d);
+    let v = toml::Value::try_from(&w).map_err(|e| ConfigError::Parse(e.to_string()))?;
+    Ok(match v {
+        toml::Value::Table(t) => t,
+        _ => toml::Table::new(),
+    })
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+fn validate(w: Wire) -> Result<Config, ConfigError> {
+    let d = w.dhcp.unwrap_or_default();
+    let mode = d.mode.unwrap_or(DhcpMode::Off);
+    let interfaces = w.interfaces.unwrap_or_default();
+    if mode != DhcpMode::Off && interfaces.is_empty() {
+        return Err(invalid(
+            "interfaces",
+            "DHCP is on but no --interface was named; pxed answers DHCP only on interfaces the operator names",
+        ));
+    }
+    let lease_time = match &d.lease_time {
+        Some(s) => parse_duration(s).map_err(|e| invalid("dhcp.lease_time", e))?,
+        None => Duration::from_secs(3600),
+    };
+    if lease_time < Duration::from_secs(60) {
+        return Err(invalid("dhcp.lease_time", "must be at least 60s"));
+    }
+    let local = match (&d.pool, mode) {
+        (Some(p), _) => {
+            let pool = Pool::parse(p).map_err(|e| invalid("dhcp.pool", e))?;
+            let netmask = d.netmask.unwrap_or(Ipv4Addr::new(255, 255, 255, 0));
+            check_netmask(netmask).map_err(|e| invalid("dhcp.netmask", e))?;
+            let s = Subnet {
+                pool,
+                netmask,
+                router: d.router,
+                dns: d.dns.clone().unwrap_or_default(),
+            };
+            if !s.contains(pool.end) {
+                return Err(invalid(
+                    "dhcp.pool",
+                    format!("{p} does not fit in one subnet with netmask {netmask}"),
+                ));
+            }
+            Some(s)
+        }
+        (None, DhcpMode::Full) => {
+            return Err(invalid("dhcp.pool", "full DHCP mode needs --pool START-END"));
+        }
+        (None, _) => None,
+    };
+    let mut relay_subnets = Vec::new();
+    for s in d.relay_subnets.unwrap_or_default() {
+        let pool = Pool::parse(&s.pool).map_err(|e| invalid("dhcp.relay_subnets", e))?;
+        check_netmask(s.netmask).map_err(|e| invalid("dhcp.relay_subnets", e))?;
+        let sub = Subnet {
+            pool,
+            netmask: s.netmask,
+            router: s.router,
+            dns: s.dns.unwrap_or_default(),
+        };
+        if !sub.contains(pool.end) {
+            return Err(invalid(
+                "dhcp.relay_subnets",
+                format!("{} does not fit in one subnet", s.pool),
+            ));
+        }
+        relay_subnets.push(sub);
+    }
+    let mut reservations = d.reservations.unwrap_or_default();
+    for r in &mut reservations {
+        r.mac = normalize_mac(&r.mac).ok_or_else(|| {
+            invalid("dhcp.reservations", format!("`{}` is not a MAC address", r.mac))
+        })?;
+    }
+    let b = w.boot.unwrap_or_default();
+    let mut per_mac = BTreeMap::new();
+    for (k, v) in b.per_mac.unwrap_or_default() {
+        let mac = normalize_mac(&k)
+            .ok_or_else(|| invalid("boot.per_mac", format!("`{k}` is not a MAC address")))?;
+        per_mac.insert(mac, v);
+    }
+    let boot = BootConfig {
+        bios: b.bios.unwrap_or_else(|| "undionly.kpxe".into()),
+        uefi_x64: b.uefi_x64.unwrap_or_else(|| "snponly.efi".into()),
+        uefi_arm64: b.uefi_arm64.unwrap_or_else(|| "ipxe-arm64.efi".into()),
+        http_x64: b.http_x64.unwrap_or_else(|| "snponly.efi".into()),
+        http_arm64: b.http_arm64.unwrap_or_else(|| "ipxe-arm64.efi".into()),
+        per_mac,
+    };
+    for name in [
+        &boot.bios,
+        &boot.uefi_x64,
+        &boot.uefi_arm64,
+        &boot.http_x64,
+        &boot.http_arm64,
+    ] {
+        if name.is_empty() || name.contains("..") || name.starts_with('/') {
+            return Err(invalid(
+                "boot",
+                format!("`{name}` must be a file name inside the iPXE dir"),
+            ));
+        }
+    }
+    let t = w.tftp_server.unwrap_or_default();
+    let tftp_server = TftpSettings {
+        max_transfers: t.max_transfers.unwrap_or(256),
+        timeout: match t.timeout {
+            Some(s) => parse_duration(&s).map_err(|e| invalid("tftp_server.timeout", e))?,
+            None => Duration::from_secs(1),
+        },
+        retries: t.retries.unwrap_or(5),
+    };
+    if tftp_server.max_transfers == 0 {
+        return Err(invalid("tftp_server.max_transfers", "must be at least 1"));
+    }
+    let l = w.lifecycle.unwrap_or_default();
+    let mut deadlines = default_deadlines();
+    for (k, v) in l.deadlines.unwrap_or_default() {
+        if !STATE_NAMES.contains(&k.as_str()) {
+            return Err(invalid(
+                "lifecycle.deadlines",
+                format!("`{k}` is not a state ({})", STATE_NAMES.join(", ")),
+            ));
+        }
+        let d = parse_duration(&v).map_err(|e| invalid("lifecycle.deadlines", e))?;
+        deadlines.insert(k, d);
+    }
+    let lifecycle = LifecycleConfig {
+        deadlines,
+        max_attempts: l.max_attempts.unwrap_or(3),
+        backoff: match l.backoff {
+            Some(s) => parse_duration(&s).map_err(|e| invalid("lifecycle.backoff", e))?,
+            None => Duration::from_secs(10),
+        },
+    };
+    let api_token = match (w.api_token, &w.api_token_file) {
+        (Some(t), _) => Some(t),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::TokenFile {
+                    path: path.clone(),
+                    source,
+                })?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if api_token.as_deref() == Some("") {
+        return Err(invalid("api_token", "the API token is empty"));
+    }
+    let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
+    Ok(Config {
+        interfaces,
+        server_ip: w.server_ip,
+        images_dir: w.images_dir.unwrap_or_else(|| data_dir.join("images")),
+        data_dir,
+        ipxe_dir: w.ipxe_dir.unwrap_or_else(|| "/usr/lib/pxed/ipxe".into()),
+        images_catalog: w
+            .images_catalog
+            .unwrap_or_else(|| "/usr/share/pxed/images".into()),
+        templates_dir: w.templates_dir,
+        http: w.http.unwrap_or_else(|| "0.0.0.0:80".parse().expect("literal")),
+        tftp: w.tftp.unwrap_or_else(|| "0.0.0.0:69".parse().expect("literal")),
+        mirror_base: w.mirror_base,
+        default_image: w.default_image,
+        hostname_prefix: w.hostname_prefix.unwrap_or_else(|| "node-".into()),
+        api_token,
+        dhcp: DhcpConfig {
+            mode,
+            local,
+            relay_subnets,
+            domain: d.domain,
+            lease_time,
+            reservations,
+        },
+        boot,
+        tftp_server,
+        lifecycle,
+    })
+}
+
+/// Lifecycle state names, as stored in SQLite.
+pub const STATE_NAMES: &[&str] = &[
+    "discovered",
+    "available",
+    "allocated",
+    "reclaiming",
+    "netbooting",
+    "installing",
+    "first_boot",
+    "failed",
+    "quarantined",
+];
+
+fn default_deadlines() -> BTreeMap<String, Duration> {
+    [
+        ("reclaiming", 300),
+        ("netbooting", 900),
+        ("installing", 3600),
+        ("first_boot", 1200),
+    ]
+    .into_iter()
+    .map(|(k, s)| (k.to_string(), Duration::from_secs(s)))
+    .collect()
+}
+
+fn check_netmask(m: Ipv4Addr) -> Result<(), String> {
+    let v = u32::from(m);
+    if v == 0 || v.leading_ones() + v.trailing_zeros() != 32 {
+        return Err(format!("{m} is not a contiguous netmask"));
+    }
+    Ok(())
+}
+
+/// Normalizes a MAC to lower-case `aa:bb:cc:dd:ee:ff`; accepts `:`/`-` separators or none.
+pub fn normalize_mac(s: &str) -> Option<String> {
+    let hex: String = s
+        .chars()
+        .filter(|c| !matches!(c, ':' | '-' | '.'))
+        .collect();
+    if hex.len() != 12 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let hex = hex.to_ascii_lowercase();
+    Some(
+        (0..6)
+            .map(|i| &hex[i * 2..i * 2 + 2])
+            .collect::<Vec<_>>()
+            .join(":"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_safe() {
+        let c = load(None, env(&[]), &Flags::default()).unwrap();
+        assert_eq!(c.dhcp.mode, DhcpMode::Off);
+        assert!(c.interfaces.is_empty());
+        assert_eq!(c.http.port(), 80);
+        assert_eq!(c.tftp.port(), 69);
+    }
+
+    #[test]
+    fn dhcp_without_interface_is_refused() {
+        let f = Flags {
+            dhcp: Some(DhcpMode::Full),
+            pool: Some("10.0.0.10-10.0.0.20".into()),
+            ..Default::default()
+        };
+        let e = load(None, env(&[]), &f).unwrap_err().to_string();
+        assert!(e.contains("no --interface"), "{e}");
+    }
+
+    #[test]
+    fn precedence_file_env_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(
+            &p,
+            "hostname_prefix = \"file-\"\ndata_dir = \"/file\"\n[dhcp]\nlease_time = \"2h\"\n",
+        )
+        .unwrap();
+        let e = env(&[("PXED_DATA_DIR", "/env"), ("PXED_DHCP__LEASE_TIME", "30m")]);
+        let f = Flags {
+            data_dir: Some("/flag".into()),
+            ..Default::default()
+        };
+        let c = load(Some(&p), e.clone(), &f).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/flag"));
+        assert_eq!(c.dhcp.lease_time, Duration::from_secs(1800));
+        assert_eq!(c.hostname_prefix, "file-");
+        let c = load(Some(&p), e, &Flags::default()).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/env"));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(&p, "[dhcp]\npoool = \"x\"\n").unwrap();
+        let e = load(Some(&p), env(&[]), &Flags::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("poool"), "{e}");
+        let e = load(None, env(&[("PXED_BOGUS", "1")]), &Flags::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn pool_outside_subnet_is_refused() {
+        let f = Flags {
+            interfaces: vec!["eth0".into()],
+            dhcp: Some(DhcpMode::Full),
+            pool: Some("10.0.0.10-10.0.1.20".into()),
+            ..Default::default()
+        };
+        assert!(load(None, env(&[]), &f).is_err());
+    }
+
+    #[test]
+    fn token_is_masked() {
+        let c = load(None, env(&[("PXED_API_TOKEN", "s3cret")]), &Flags::default()).unwrap();
+        let s = toml::to_string(&c).unwrap();
+        assert!(!s.contains("s3cret"));
+        assert!(s.contains("********"));
+    }
+
+    #[test]
+    fn durations_and_macs() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("5x").is_err());
+        assert_eq!(
+            normalize_mac("52-54-00-AB-cd-EF").as_deref(),
+            Some("52:54:00:ab:cd:ef")
+        );
+        assert!(normalize_mac("52:54:00").is_none());
+    }
+}

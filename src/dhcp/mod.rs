@@ -1,0 +1,1 @@
+//! DHCP server (full and proxy).

@@ -1,0 +1,68 @@
+//! HTTP: boot scripts, images and iPXE binaries, health and metrics.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+use tower_http::services::ServeDir;
+
+use crate::app::AppState;
+use crate::script::{self, Action};
+
+/// Builds the router over the shared state.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/boot/{file}", get(boot_script))
+        .nest_service("/ipxe", ServeDir::new(&state.cfg.ipxe_dir))
+        .nest_service("/images", ServeDir::new(&state.cfg.images_dir))
+        .with_state(state)
+}
+
+/// Serves until `cancel` fires, then drains open connections.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let body = st.render_metrics();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// `/boot/{mac}.ipxe`: the per-node script.
+async fn boot_script(State(st): State<Arc<AppState>>, Path(file): Path<String>) -> Response {
+    let Some(mac) = file
+        .strip_suffix(".ipxe")
+        .and_then(|m| crate::config::normalize_mac(&m.replace("%3A", ":").replace("%3a", ":")))
+    else {
+        return (StatusCode::NOT_FOUND, "expected /boot/<mac>.ipxe\n").into_response();
+    };
+    let (action, reason) = st.boot_action(&mac).await;
+    match script::render(&mac, &action, &reason) {
+        Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
+        Err(e) => {
+            tracing::error!(%mac, error = %e, "rendering boot script");
+            (StatusCode::INTERNAL_SERVER_ERROR, "script error\n").into_response()
+        }
+    }
+}
+
+/// The default action when nothing is known about a node.
+pub fn default_action() -> Action {
+    Action::LocalBoot
+}

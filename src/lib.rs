@@ -1,0 +1,19 @@
+//! pxed: a single-binary PXE/iPXE boot and reinstall appliance.
+//!
+//! One process answers DHCP (full or proxy), serves TFTP and HTTP, keeps inventory and
+//! every node's lifecycle in SQLite, and drives BMCs. See `shared/DESIGN.md` for the
+//! architecture; each server takes an already-bound socket and a cancellation token.
+
+pub mod app;
+pub mod bmc;
+pub mod boot;
+pub mod cli;
+pub mod config;
+pub mod dhcp;
+pub mod http;
+pub mod lifecycle;
+pub mod metrics;
+pub mod net;
+pub mod script;
+pub mod store;
+pub mod tftp;

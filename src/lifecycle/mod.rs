@@ -1,0 +1,1 @@
+//! Node lifecycle: the pure transition function and its application.

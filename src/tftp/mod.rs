@@ -1,0 +1,1 @@
+//! Read-only TFTP server on tokio.
