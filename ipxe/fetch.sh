@@ -5,6 +5,7 @@
 # Debian's archive keyring.
 set -euo pipefail
 out=${1:-$(dirname "$0")/bin}; mkdir -p "$out"
+[ -f "$out/snponly.efi" ] && [ -f "$out/ipxe-arm64.efi" ] && exit 0
 A=$(mktemp -d); trap 'rm -rf "$A"' EXIT
 mkdir -p "$A/lists/partial" "$A/archives/partial"
 URI=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
