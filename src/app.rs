@@ -32,12 +32,34 @@ impl AppState {
     }
 }
 
+/// Every named interface exists and has an address; a full-mode pool lies in the
+/// subnet of the interface it is served on.
+fn check_interfaces(cfg: &Config) -> anyhow::Result<()> {
+    for name in &cfg.interfaces {
+        let iface = crate::net::interface(name)?;
+        if cfg.dhcp.mode == crate::config::DhcpMode::Full
+            && let Some(sub) = &cfg.dhcp.local
+            && !(iface.contains(sub.pool.start) && iface.contains(sub.pool.end))
+        {
+            anyhow::bail!(
+                "pool {}-{} is outside the subnet of {name} ({}/{})",
+                sub.pool.start,
+                sub.pool.end,
+                iface.addr,
+                iface.netmask
+            );
+        }
+    }
+    Ok(())
+}
+
 /// How long in-flight work may take to drain after cancellation.
 pub const DRAIN: Duration = Duration::from_millis(1500);
 
 /// Runs pxed until `cancel` fires.
 pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
+    check_interfaces(&cfg)?;
     let store = Store::open(&cfg.data_dir)
         .await
         .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;

@@ -1,0 +1,193 @@
+//! Shared fixtures: the real `pxed` binary started on loopback ports, torn down in Drop.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Path of the binary under test.
+pub fn pxed_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pxed")
+}
+
+/// Repository root (for ipxe/bin, templates, images).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Polls `f` until it returns Some or the deadline passes.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
+
+/// A running `pxed serve` with its log captured.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub log: Arc<Mutex<Vec<String>>>,
+    pub http: String,
+    pub tftp: Option<String>,
+}
+
+impl Daemon {
+    /// Starts `pxed serve --demo` on ephemeral loopback ports with a fresh data dir,
+    /// plus `extra` arguments; waits until HTTP (and TFTP when wired) listen.
+    pub fn start(extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, extra, &[])
+    }
+
+    /// Like [`Daemon::start`] with a given data dir and environment.
+    pub fn start_in(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let data = dir.path().join("data");
+        let mut cmd = Command::new(pxed_bin());
+        cmd.current_dir(repo())
+            .args([
+                "serve",
+                "--demo",
+                "--http",
+                "127.0.0.1:0",
+                "--tftp",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(extra)
+            .env("PXED_LOG", "info,pxed=debug")
+            .env_remove("PXED_API_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn pxed");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[pxed] {line}");
+                l2.lock().unwrap().push(line);
+            }
+        });
+        let mut d = Daemon {
+            child,
+            dir,
+            log,
+            http: String::new(),
+            tftp: None,
+        };
+        d.http = d.wait_log_addr("HTTP listening");
+        d.tftp = d.find_log_addr("TFTP listening");
+        d
+    }
+
+    fn find_log_addr(&self, marker: &str) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .find(|l| l.contains(marker))
+            .and_then(|l| l.split("addr=").nth(1))
+            .map(|s| s.split_whitespace().next().unwrap_or("").to_string())
+    }
+
+    /// Waits for a log line containing `marker` and returns its `addr=` field.
+    pub fn wait_log_addr(&mut self, marker: &str) -> String {
+        wait_for(marker, Duration::from_secs(20), || {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "pxed exited early: {st}\n{}",
+                    self.log.lock().unwrap().join("\n")
+                );
+            }
+            self.find_log_addr(marker)
+        })
+    }
+
+    /// Whether any log line contains `s`.
+    pub fn logged(&self, s: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(s))
+    }
+
+    /// The whole log so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// `http://127.0.0.1:PORT` + path.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.http, path)
+    }
+
+    /// The data dir.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Sends a signal and waits for exit; returns (exit status, time taken).
+    pub fn stop_with(
+        &mut self,
+        sig: nix::sys::signal::Signal,
+    ) -> (std::process::ExitStatus, Duration) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let t = Instant::now();
+        nix::sys::signal::kill(pid, sig).expect("kill");
+        let st = wait_for("pxed to exit", Duration::from_secs(10), || {
+            self.child.try_wait().ok().flatten()
+        });
+        (st, t.elapsed())
+    }
+
+    /// Stops the daemon and hands back its data dir (for restart tests).
+    pub fn kill_keep_dir(mut self, sig: nix::sys::signal::Signal) -> tempfile::TempDir {
+        self.stop_with(sig);
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        dir
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a command and returns (status ok, stdout, stderr).
+pub fn run(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Requires a tool on PATH (CI installs it via .ci/install.sh).
+pub fn need(tool: &str) {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "{tool} is not installed: run .ci/install.sh");
+}
+
+/// Writes `bytes` under `dir/name`, creating parents.
+pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, bytes).unwrap();
+    p
+}

@@ -1,0 +1,187 @@
+//! The real binary: HTTP boot paths, config errors, signals, systemd unit.
+
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::common::{Daemon, need, pxed_bin, repo, run};
+
+fn curl(args: &[&str]) -> (bool, String, String) {
+    need("curl");
+    run(Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args))
+}
+
+#[test]
+fn healthz_and_boot_script() {
+    let d = Daemon::start(&[]);
+    let (ok, body, _) = curl(&[&d.url("/healthz")]);
+    assert!(ok && body == "ok\n", "{body}");
+    let (ok, body, _) = curl(&["-f", &d.url("/boot/52:54:00:12:34:56.ipxe")]);
+    assert!(ok, "script fetch failed");
+    assert!(body.starts_with("#!ipxe\n"), "{body}");
+    assert!(body.contains("52:54:00:12:34:56"), "{body}");
+    // BIOS iPXE 1.0 URL-encodes ':' in ${mac}.
+    let (ok, body, _) = curl(&["-f", &d.url("/boot/52%3A54%3A00%3A12%3A34%3A56.ipxe")]);
+    assert!(ok && body.contains("52:54:00:12:34:56"), "{body}");
+    let (_, code, _) = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &d.url("/boot/zz.ipxe"),
+    ]);
+    assert_eq!(code, "404");
+}
+
+#[test]
+fn ipxe_binaries_with_range_and_etag() {
+    let d = Daemon::start(&[]);
+    let file = repo().join("ipxe/bin/snponly.efi");
+    let bytes = std::fs::read(&file).expect("ipxe/bin/snponly.efi: run ipxe/fetch.sh");
+    let dl = d.dir.path().join("part");
+    let (ok, out, err) = curl(&[
+        "-D",
+        "-",
+        "-r",
+        "100-1123",
+        "-o",
+        dl.to_str().unwrap(),
+        &d.url("/ipxe/snponly.efi"),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("HTTP/1.1 206"), "{out}");
+    assert_eq!(std::fs::read(&dl).unwrap(), &bytes[100..1124]);
+    let etag = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("etag: ")
+                .or_else(|| l.strip_prefix("ETag: "))
+        })
+        .map(|s| s.trim().to_string())
+        .expect("ETag header");
+    let (_, code, _) = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        &format!("If-None-Match: {etag}"),
+        &d.url("/ipxe/snponly.efi"),
+    ]);
+    assert_eq!(code, "304");
+    let (ok, _, _) = curl(&[
+        "-f",
+        "-o",
+        dl.to_str().unwrap(),
+        &d.url("/ipxe/snponly.efi"),
+    ]);
+    assert!(ok);
+    assert_eq!(std::fs::read(&dl).unwrap(), bytes);
+}
+
+#[test]
+fn sigterm_and_sigint_exit_within_two_seconds() {
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        let mut d = Daemon::start(&[]);
+        // An open keep-alive connection must not hold shutdown up.
+        let _conn = std::net::TcpStream::connect(&d.http).unwrap();
+        let (st, took) = d.stop_with(sig);
+        assert!(st.success(), "{sig}: exit {st}\n{}", d.log_text());
+        assert!(took < Duration::from_secs(2), "{sig}: took {took:?}");
+    }
+}
+
+#[test]
+fn check_config_masks_secrets_and_reports_errors() {
+    let (ok, out, err) = run(Command::new(pxed_bin())
+        .args(["check-config", "--demo"])
+        .env("PXED_API_TOKEN", "very-secret-token")
+        .env_remove("PXED_CONFIG"));
+    assert!(ok, "{err}");
+    assert!(out.contains("api_token = \"********\""), "{out}");
+    assert!(!out.contains("very-secret-token"));
+
+    let (ok, _, err) = run(Command::new(pxed_bin()).args([
+        "check-config",
+        "--dhcp",
+        "full",
+        "--pool",
+        "10.0.0.10-10.0.0.20",
+    ]));
+    assert!(!ok && err.contains("no --interface"), "{err}");
+
+    let (ok, _, err) = run(Command::new(pxed_bin())
+        .args(["check-config"])
+        .env("PXED_DHCPP__MODE", "full"));
+    assert!(!ok && err.contains("dhcpp"), "{err}");
+}
+
+#[test]
+fn startup_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let (ok, _, err) = run(Command::new(pxed_bin()).current_dir(repo()).args([
+        "serve",
+        "--demo",
+        "--data-dir",
+        data,
+        "--dhcp",
+        "full",
+        "--interface",
+        "nope0",
+        "--pool",
+        "10.0.0.10-10.0.0.20",
+    ]));
+    assert!(!ok && err.contains("nope0 does not exist"), "{err}");
+
+    let (ok, _, err) = run(Command::new(pxed_bin()).current_dir(repo()).args([
+        "serve",
+        "--demo",
+        "--data-dir",
+        data,
+        "--dhcp",
+        "full",
+        "--interface",
+        "lo",
+        "--pool",
+        "10.0.0.10-10.0.0.20",
+        "--netmask",
+        "255.255.255.0",
+    ]));
+    assert!(!ok && err.contains("outside the subnet of lo"), "{err}");
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let (ok, _, err) = run(Command::new(pxed_bin()).current_dir(repo()).args([
+        "serve",
+        "--demo",
+        "--data-dir",
+        data,
+        "--http",
+        &addr,
+    ]));
+    assert!(!ok && err.contains("already in use"), "{err}");
+}
+
+#[test]
+fn systemd_unit_verifies() {
+    need("systemd-analyze");
+    let dir = tempfile::tempdir().unwrap();
+    let unit = std::fs::read_to_string(repo().join("systemd/pxed.service")).unwrap();
+    assert!(unit.contains("CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_NET_RAW"));
+    assert!(unit.contains("ProtectSystem=strict"));
+    assert!(unit.contains("StateDirectory=pxed"));
+    // verify checks that ExecStart exists: point it at the binary under test.
+    let p = dir.path().join("pxed.service");
+    std::fs::write(&p, unit.replace("/usr/bin/pxed", pxed_bin())).unwrap();
+    let (ok, out, err) = run(Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&p));
+    assert!(
+        ok && err.trim().is_empty(),
+        "systemd-analyze verify: {out}{err}"
+    );
+}
