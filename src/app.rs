@@ -22,8 +22,7 @@ pub struct AppState {
 impl AppState {
     /// Prometheus text for every component.
     pub fn render_metrics(&self) -> String {
-        let out = String::new();
-        out
+        String::new()
     }
 
     /// What `/boot/{mac}.ipxe` tells this node to do, and why.
