@@ -1,4 +1,6 @@
 //! Shared fixtures: the real `pxed` binary started on loopback ports, torn down in Drop.
+// Not every test module uses every fixture.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -148,8 +150,7 @@ impl Daemon {
     /// Stops the daemon and hands back its data dir (for restart tests).
     pub fn kill_keep_dir(mut self, sig: nix::sys::signal::Signal) -> tempfile::TempDir {
         self.stop_with(sig);
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        dir
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
     }
 }
 
