@@ -11,7 +11,14 @@ use tokio_util::sync::CancellationToken;
 use tower_http::services::ServeDir;
 
 use crate::app::AppState;
-use crate::script::{self, Action};
+use crate::script;
+
+pub mod agent;
+pub mod api;
+pub mod error;
+
+/// Request bodies larger than this are refused with 413 (callbacks and API are small).
+pub const MAX_BODY: usize = 64 * 1024;
 
 /// Builds the router over the shared state.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -19,8 +26,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/boot/{file}", get(boot_script))
+        .nest("/api/v1", api::routes(state.clone()))
+        .merge(agent::routes())
         .nest_service("/ipxe", ServeDir::new(&state.cfg.ipxe_dir))
         .nest_service("/images", ServeDir::new(&state.cfg.images_dir))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
 
@@ -45,14 +55,19 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `/boot/{mac}.ipxe`: the per-node script.
-async fn boot_script(State(st): State<Arc<AppState>>, Path(file): Path<String>) -> Response {
+async fn boot_script(
+    State(st): State<Arc<AppState>>,
+    Path(file): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     let Some(mac) = file
         .strip_suffix(".ipxe")
         .and_then(|m| crate::config::normalize_mac(&m.replace("%3A", ":").replace("%3a", ":")))
     else {
         return (StatusCode::NOT_FOUND, "expected /boot/<mac>.ipxe\n").into_response();
     };
-    let (action, reason) = st.boot_action(&mac).await;
+    let base = agent::base_url(&st, &headers);
+    let (action, reason) = st.boot_action(&mac, &base).await;
     match script::render(&mac, &action, &reason) {
         Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
         Err(e) => {
@@ -62,7 +77,3 @@ async fn boot_script(State(st): State<Arc<AppState>>, Path(file): Path<String>) 
     }
 }
 
-/// The default action when nothing is known about a node.
-pub fn default_action() -> Action {
-    Action::LocalBoot
-}

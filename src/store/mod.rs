@@ -2,6 +2,9 @@
 //!
 //! Queries are checked at compile time against the committed `.sqlx/` cache.
 
+pub mod images;
+pub mod nodes;
+
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;

@@ -1,0 +1,485 @@
+//! `/api/v1`: the JSON API (bearer-token auth) for nodes, reinstalls and images.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, JsonBody};
+use crate::app::AppState;
+use crate::lifecycle::apply::Hooks;
+use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
+use crate::store::nodes::{BmcRow, EventRow, NewNode, NodeRow};
+
+/// Routes under `/api/v1` (auth applied by the caller).
+pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/nodes", get(list_nodes).post(create_node))
+        .route("/nodes/{id}", get(get_node).delete(delete_node))
+        .route("/nodes/{id}/reinstall", post(reinstall))
+        .route("/nodes/{id}/actions/{action}", post(action))
+        .route("/images", get(list_images))
+        .fallback(|| async { ApiError::not_found("API route") })
+        .route_layer(axum::middleware::from_fn_with_state(state, auth))
+}
+
+/// Bearer-token check, constant time. The token is never logged.
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(given.as_bytes(), st.api_token.as_bytes()) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    use sha2::Digest;
+    // Hashing first makes the comparison independent of the lengths too.
+    let (ha, hb) = (sha2::Sha256::digest(a), sha2::Sha256::digest(b));
+    ha.iter().zip(hb.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0 && !b.is_empty()
+}
+
+/// A node as the API shows it (no token, no BMC secret).
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    pub id: i64,
+    pub name: Option<String>,
+    pub hostname: Option<String>,
+    pub arch: String,
+    pub state: String,
+    pub since: String,
+    pub generation: i64,
+    pub attempt: i64,
+    pub image: Option<String>,
+    pub failed_step: Option<String>,
+    pub failed_reason: Option<String>,
+    pub macs: Vec<String>,
+    pub facts: Option<serde_json::Value>,
+}
+
+/// `GET /api/v1/nodes/{id}`.
+#[derive(Debug, Serialize)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub node: NodeView,
+    pub boot_mac: Option<String>,
+    pub bmc: Option<BmcView>,
+    pub events: Vec<EventRow>,
+}
+
+/// A BMC endpoint without its secret.
+#[derive(Debug, Serialize)]
+pub struct BmcView {
+    pub driver: String,
+    pub address: String,
+    pub username: String,
+    pub system_id: Option<String>,
+    pub tls_pin: Option<String>,
+    pub tls_insecure: bool,
+}
+
+impl From<BmcRow> for BmcView {
+    fn from(b: BmcRow) -> Self {
+        BmcView {
+            driver: b.driver,
+            address: b.address,
+            username: b.username,
+            system_id: b.system_id,
+            tls_pin: b.tls_pin,
+            tls_insecure: b.tls_insecure == 1,
+        }
+    }
+}
+
+/// Builds the API view of a stored node.
+pub async fn view(st: &AppState, n: NodeRow) -> Result<NodeView, ApiError> {
+    let macs = st
+        .store
+        .interfaces(n.id)
+        .await?
+        .into_iter()
+        .map(|i| i.mac)
+        .collect();
+    Ok(NodeView {
+        id: n.id,
+        facts: n.facts.as_deref().and_then(|f| serde_json::from_str(f).ok()),
+        name: n.name,
+        hostname: n.hostname,
+        arch: n.arch,
+        state: n.state,
+        since: n.state_since,
+        generation: n.generation,
+        attempt: n.attempt,
+        image: n.image,
+        failed_step: n.failed_step,
+        failed_reason: n.failed_reason,
+        macs,
+    })
+}
+
+async fn list_nodes(State(st): State<Arc<AppState>>) -> Result<Json<Vec<NodeView>>, ApiError> {
+    let mut out = Vec::new();
+    for n in st.store.nodes().await? {
+        out.push(view(&st, n).await?);
+    }
+    Ok(Json(out))
+}
+
+async fn find(st: &AppState, reference: &str) -> Result<NodeRow, ApiError> {
+    st.store
+        .find_node(reference)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("node {reference}")))
+}
+
+async fn get_node(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<NodeDetail>, ApiError> {
+    let n = find(&st, &id).await?;
+    let nid = n.id;
+    let boot_mac = st
+        .store
+        .interfaces(nid)
+        .await?
+        .into_iter()
+        .find(|i| i.is_boot == 1)
+        .map(|i| i.mac);
+    let bmc = st.store.bmc(nid).await?.map(BmcView::from);
+    let events = st.store.events(nid).await?;
+    Ok(Json(NodeDetail {
+        node: view(&st, n).await?,
+        boot_mac,
+        bmc,
+        events,
+    }))
+}
+
+/// `POST /api/v1/nodes`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateNode {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub arch: Option<String>,
+    pub macs: Vec<String>,
+    pub boot_mac: Option<String>,
+    /// `available` (default) or `discovered`.
+    pub state: Option<String>,
+    pub bmc: Option<CreateBmc>,
+}
+
+/// A BMC in a registration request.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBmc {
+    pub driver: String,
+    pub address: String,
+    pub username: String,
+    pub password: String,
+    pub system_id: Option<String>,
+    #[serde(default)]
+    pub tls_insecure: bool,
+}
+
+impl std::fmt::Debug for CreateBmc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateBmc")
+            .field("driver", &self.driver)
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &"********")
+            .finish()
+    }
+}
+
+async fn create_node(
+    State(st): State<Arc<AppState>>,
+    JsonBody(req): JsonBody<CreateNode>,
+) -> Result<(StatusCode, Json<NodeView>), ApiError> {
+    let mut macs = Vec::new();
+    for m in &req.macs {
+        macs.push(
+            crate::config::normalize_mac(m)
+                .ok_or_else(|| ApiError::bad_request(format!("`{m}` is not a MAC address")))?,
+        );
+    }
+    if macs.is_empty() {
+        return Err(ApiError::bad_request("a node needs at least one MAC"));
+    }
+    let boot_mac = match &req.boot_mac {
+        Some(m) => {
+            let m = crate::config::normalize_mac(m)
+                .ok_or_else(|| ApiError::bad_request(format!("`{m}` is not a MAC address")))?;
+            if !macs.contains(&m) {
+                return Err(ApiError::bad_request("boot_mac must be one of macs"));
+            }
+            Some(m)
+        }
+        None => None,
+    };
+    let arch = req.arch.clone().unwrap_or_else(|| "unknown".into());
+    if !["x86_64", "arm64", "unknown"].contains(&arch.as_str()) {
+        return Err(ApiError::bad_request("arch must be x86_64, arm64 or unknown"));
+    }
+    let state = req.state.clone().unwrap_or_else(|| "available".into());
+    if !["available", "discovered"].contains(&state.as_str()) {
+        return Err(ApiError::bad_request(
+            "a new node starts available or discovered",
+        ));
+    }
+    for m in &macs {
+        if let Some(other) = st.store.node_by_mac(m).await? {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("{m} already belongs to node {}", other.id),
+            ));
+        }
+    }
+    let bmc = match req.bmc {
+        Some(b) => {
+            if !["redfish", "ipmi"].contains(&b.driver.as_str()) {
+                return Err(ApiError::bad_request("bmc.driver must be redfish or ipmi"));
+            }
+            Some((
+                BmcRow {
+                    node_id: 0,
+                    driver: b.driver,
+                    address: b.address,
+                    username: b.username,
+                    system_id: b.system_id,
+                    tls_pin: None,
+                    tls_insecure: i64::from(b.tls_insecure),
+                },
+                b.password,
+            ))
+        }
+        None => None,
+    };
+    let id = st
+        .store
+        .create_node(
+            &NewNode {
+                name: req.name,
+                arch,
+                state,
+                macs,
+                boot_mac,
+                bmc,
+            },
+            "api",
+        )
+        .await?;
+    let n = st.store.node(id).await?.ok_or_else(|| ApiError::not_found(id))?;
+    Ok((StatusCode::CREATED, Json(view(&st, n).await?)))
+}
+
+async fn delete_node(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let n = find(&st, &id).await?;
+    st.store.delete_node(n.id, "api").await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/v1/nodes/{id}/reinstall` body (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReinstallRequest {
+    pub image: Option<String>,
+}
+
+/// The answer to a reinstall: the operation and the node.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Operation {
+    pub node_id: i64,
+    pub generation: i64,
+    pub state: String,
+    pub since: String,
+    pub image: Option<String>,
+    /// True when a reinstall was already running: this is that operation, not a new one.
+    pub already_in_progress: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    status: u16,
+    body: Operation,
+}
+
+async fn reinstall(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let req: ReinstallRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        ReinstallRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::bad_request("Idempotency-Key must be ASCII"))
+                .map(str::to_string)
+        })
+        .transpose()?;
+    if let Some(k) = &key
+        && (k.is_empty() || k.len() > 200)
+    {
+        return Err(ApiError::bad_request("Idempotency-Key must be 1..200 characters"));
+    }
+    let n = find(&st, &id).await?;
+    if let Some(k) = &key
+        && let Some((node_id, text)) = st.store.idempotent(k).await?
+    {
+        if node_id != n.id {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "this Idempotency-Key was used for another node",
+            ));
+        }
+        let s: Stored = serde_json::from_str(&text).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })?;
+        return Ok(stored_response(s));
+    }
+    if let Some(img) = &req.image
+        && !st.image_exists(img).await?
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_image",
+            format!("image {img} is not imported (pxed image add {img})"),
+        ));
+    }
+    let token = BootToken(random_token());
+    let event = Event::ReinstallRequested {
+        image: req.image.clone().or_else(|| st.cfg.default_image.clone()),
+        token,
+    };
+    let prefix = st.cfg.hostname_prefix.clone();
+    let prepare = move |conn: &mut sqlx::SqliteConnection, row: &mut NodeRow| {
+        let prefix = prefix.clone();
+        Box::pin(crate::app::assign_hostname(conn, row, prefix))
+            as futures::future::BoxFuture<'_, Result<(), crate::store::StoreError>>
+    };
+    let answer = |row: &NodeRow, outcome: &Outcome| {
+        let s = operation(row, outcome);
+        serde_json::to_string(&s).unwrap_or_default()
+    };
+    let applied = st
+        .lifecycle
+        .apply_with(
+            n.id,
+            &event,
+            "api",
+            Hooks {
+                prepare: Some(&prepare),
+                idempotency_key: key.as_deref(),
+                answer: Some(&answer),
+            },
+        )
+        .await?;
+    Ok(stored_response(operation(&applied.node, &applied.outcome)))
+}
+
+fn operation(row: &NodeRow, outcome: &Outcome) -> Stored {
+    let in_progress = matches!(outcome, Outcome::InProgress { .. });
+    Stored {
+        status: if in_progress { 200 } else { 202 },
+        body: Operation {
+            node_id: row.id,
+            generation: row.generation,
+            state: row.state.clone(),
+            since: row.state_since.clone(),
+            image: row.image.clone(),
+            already_in_progress: in_progress,
+        },
+    }
+}
+
+fn stored_response(s: Stored) -> Response {
+    let status = StatusCode::from_u16(s.status).unwrap_or(StatusCode::OK);
+    (status, Json(s.body)).into_response()
+}
+
+/// A fresh one-time boot token (256 bits, hex).
+pub fn random_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    hex::encode(bytes)
+}
+
+async fn action(
+    State(st): State<Arc<AppState>>,
+    Path((id, action)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<Json<NodeView>, ApiError> {
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Reason {
+        reason: Option<String>,
+    }
+    let r: Reason = if body.is_empty() {
+        Reason::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let reason = r.reason.unwrap_or_else(|| "operator".into());
+    let event = match action.as_str() {
+        "enroll" => Event::Enrolled,
+        "allocate" => Event::Allocated,
+        "release" => Event::Released,
+        "quarantine" => Event::Quarantined { reason },
+        "restore" => Event::Restored,
+        "fail" => Event::MarkedFailed { reason },
+        other => {
+            return Err(ApiError::not_found(format!(
+                "action {other} (enroll, allocate, release, quarantine, restore, fail)"
+            )));
+        }
+    };
+    let n = find(&st, &id).await?;
+    let applied = st.lifecycle.apply(n.id, &event, "api").await?;
+    Ok(Json(view(&st, applied.node).await?))
+}
+
+async fn list_images(
+    State(st): State<Arc<AppState>>,
+) -> Result<Json<Vec<serde_json::Value>>, ApiError> {
+    Ok(Json(
+        st.store
+            .images()
+            .await?
+            .into_iter()
+            .map(|r| serde_json::json!({"name": r.name, "family": r.family, "imported_at": r.imported_at}))
+            .collect(),
+    ))
+}
+
+/// Whether `s` names a lifecycle state (for filters).
+pub fn is_state(s: &str) -> bool {
+    s.parse::<NodeState>().is_ok()
+}

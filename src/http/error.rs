@@ -1,0 +1,111 @@
+//! JSON errors `{error, detail}` with the right status, and a JSON body extractor whose
+//! rejections are JSON too.
+
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+use crate::lifecycle::apply::ApplyError;
+use crate::lifecycle::transition::TransitionError;
+use crate::store::StoreError;
+
+/// An API error: a status, a short machine-readable code and a human reason.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub error: &'static str,
+    pub detail: String,
+}
+
+impl ApiError {
+    /// A new error.
+    pub fn new(status: StatusCode, error: &'static str, detail: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            error,
+            detail: detail.into(),
+        }
+    }
+    /// 404.
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+    /// 400.
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.error, "detail": self.detail });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        if let StoreError::Db(sqlx::Error::Database(d)) = &e
+            && d.is_unique_violation()
+        {
+            return ApiError::new(StatusCode::CONFLICT, "conflict", d.message().to_string());
+        }
+        tracing::error!(error = %e, "store error");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "database error (see the server log)",
+        )
+    }
+}
+
+impl From<ApplyError> for ApiError {
+    fn from(e: ApplyError) -> Self {
+        match e {
+            ApplyError::NotFound(id) => ApiError::not_found(format!("node {id}")),
+            ApplyError::Conflict(_) => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string())
+            }
+            ApplyError::Transition(t) => t.into(),
+            ApplyError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<TransitionError> for ApiError {
+    fn from(t: TransitionError) -> Self {
+        match t {
+            TransitionError::StaleGeneration { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "stale_token", t.to_string())
+            }
+            TransitionError::NoImage => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "no_image", t.to_string())
+            }
+            _ => ApiError::new(StatusCode::CONFLICT, "invalid_state", t.to_string()),
+        }
+    }
+}
+
+/// `Json<T>` whose failures (bad syntax, wrong fields, wrong content type, too large)
+/// are JSON errors.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(JsonBody(v)),
+            Err(r) => {
+                let status = r.status();
+                let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "too_large"
+                } else {
+                    "bad_request"
+                };
+                Err(ApiError::new(status, code, r.body_text()))
+            }
+        }
+    }
+}

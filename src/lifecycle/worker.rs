@@ -1,0 +1,354 @@
+//! The worker: applies events, runs the effects they return (BMC calls, deadlines) and
+//! re-arms everything from the store on start, so a restart in the middle of a
+//! reinstall resumes it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::apply::{self, Applied, ApplyError, Hooks};
+use super::transition::{BmcStep, Effect, Event, Policy, State};
+use crate::bmc::{self, Bmc, BmcEndpoint, BmcError, NextBoot, Secret, TlsPolicy};
+use crate::store::nodes::parse_time;
+use crate::store::Store;
+
+/// Why a BMC step could not even start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("no BMC is configured for this node (add one, or power-cycle it by hand and mark it failed/retry)")]
+    NoBmc,
+    #[error("unknown BMC driver {0:?}")]
+    Driver(String),
+    #[error(transparent)]
+    Bmc(#[from] BmcError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Finds the BMC of a node. The daemon uses [`StoreBmcs`]; tests pass a recording double.
+pub trait BmcConnector: Send + Sync {
+    /// A driver for node `id`'s BMC.
+    fn connect<'a>(
+        &'a self,
+        store: &'a Store,
+        id: i64,
+    ) -> BoxFuture<'a, Result<Arc<dyn Bmc>, ConnectError>>;
+}
+
+/// Reads BMC endpoints and secrets from the store and connects the real drivers.
+#[derive(Debug, Default)]
+pub struct StoreBmcs {
+    pub policy: bmc::CallPolicy,
+}
+
+impl StoreBmcs {
+    /// The endpoint of node `id` (with its secret: never log it as text).
+    pub async fn endpoint(&self, store: &Store, id: i64) -> Result<BmcEndpoint, ConnectError> {
+        let row = store.bmc(id).await?.ok_or(ConnectError::NoBmc)?;
+        let password = store.bmc_secret(id).await?.unwrap_or_default();
+        let boot_mac = store
+            .interfaces(id)
+            .await?
+            .into_iter()
+            .find(|i| i.is_boot == 1)
+            .map(|i| i.mac);
+        let driver = match row.driver.as_str() {
+            "redfish" => bmc::Driver::Redfish,
+            "ipmi" => bmc::Driver::Ipmi,
+            other => return Err(ConnectError::Driver(other.into())),
+        };
+        Ok(BmcEndpoint {
+            driver,
+            address: row.address,
+            username: row.username,
+            password: Secret::new(password),
+            match_mac: if row.system_id.is_none() { boot_mac } else { None },
+            system_id: row.system_id,
+            match_uuid: None,
+            tls: if row.tls_insecure == 1 {
+                TlsPolicy::Insecure
+            } else {
+                TlsPolicy::Pinned(row.tls_pin)
+            },
+            policy: self.policy.clone(),
+        })
+    }
+}
+
+impl BmcConnector for StoreBmcs {
+    fn connect<'a>(
+        &'a self,
+        store: &'a Store,
+        id: i64,
+    ) -> BoxFuture<'a, Result<Arc<dyn Bmc>, ConnectError>> {
+        Box::pin(async move {
+            let ep = self.endpoint(store, id).await?;
+            Ok(bmc::connect(&ep)?)
+        })
+    }
+}
+
+/// The lifecycle service: one per daemon.
+pub struct Lifecycle {
+    pub store: Store,
+    pub policy: Policy,
+    bmcs: Arc<dyn BmcConnector>,
+    deadlines: Mutex<HashMap<i64, AbortHandle>>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Lifecycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lifecycle")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lifecycle {
+    /// A new service; call [`Lifecycle::resume`] once the servers are up.
+    pub fn new(
+        store: Store,
+        policy: Policy,
+        bmcs: Arc<dyn BmcConnector>,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Lifecycle {
+            store,
+            policy,
+            bmcs,
+            deadlines: Mutex::new(HashMap::new()),
+            tasks: TaskTracker::new(),
+            cancel,
+        })
+    }
+
+    /// Applies `event` and starts its effects.
+    pub async fn apply(
+        self: &Arc<Self>,
+        id: i64,
+        event: &Event,
+        actor: &str,
+    ) -> Result<Applied, ApplyError> {
+        self.apply_with(id, event, actor, Hooks::default()).await
+    }
+
+    /// [`Lifecycle::apply`] with hooks (hostname assignment, idempotency).
+    pub async fn apply_with(
+        self: &Arc<Self>,
+        id: i64,
+        event: &Event,
+        actor: &str,
+        hooks: Hooks<'_>,
+    ) -> Result<Applied, ApplyError> {
+        let (applied, effects) = apply::apply(&self.store, &self.policy, id, event, actor, hooks).await?;
+        if !effects.is_empty() {
+            tracing::debug!(node = id, event = event.name(), to = %applied.node.state, ?effects, "applied");
+        }
+        for e in effects {
+            self.run_effect(id, e, Duration::ZERO);
+        }
+        Ok(applied)
+    }
+
+    /// Waits for running effects (shutdown).
+    pub async fn drain(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    fn run_effect(self: &Arc<Self>, id: i64, effect: Effect, elapsed: Duration) {
+        match effect {
+            Effect::ClearDeadline => {
+                if let Some(h) = self.deadlines.lock().expect("lock").remove(&id) {
+                    h.abort();
+                }
+            }
+            Effect::ArmDeadline {
+                state,
+                generation,
+                attempt,
+                after,
+            } => {
+                let me = self.clone();
+                let wait = after.saturating_sub(elapsed);
+                let h = self.tasks.spawn(async move {
+                    tokio::select! {
+                        // CANCEL-SAFETY: a deadline not fired at shutdown is re-armed from the store on start.
+                        _ = me.cancel.cancelled() => {}
+                        // CANCEL-SAFETY: sleeping holds no state.
+                        _ = tokio::time::sleep(wait) => {
+                            me.deadlines.lock().expect("lock").remove(&id);
+                            let ev = Event::DeadlineExpired { state, generation, attempt };
+                            tracing::info!(node = id, %state, generation, attempt, "deadline expired");
+                            me.apply_logged(id, ev, "deadline").await;
+                        }
+                    }
+                });
+                if let Some(old) = self
+                    .deadlines
+                    .lock()
+                    .expect("lock")
+                    .insert(id, h.abort_handle())
+                {
+                    old.abort();
+                }
+            }
+            Effect::SetNetboot {
+                generation,
+                attempt,
+                delay,
+            } => self.spawn_bmc(id, BmcStep::SetNetboot, generation, attempt, delay),
+            Effect::PowerCycle {
+                generation,
+                attempt,
+                delay,
+            } => self.spawn_bmc(id, BmcStep::PowerCycle, generation, attempt, delay),
+        }
+    }
+
+    fn spawn_bmc(self: &Arc<Self>, id: i64, step: BmcStep, generation: i64, attempt: u32, delay: Duration) {
+        let me = self.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                // CANCEL-SAFETY: an interrupted BMC step is re-run from the store on start.
+                _ = me.cancel.cancelled() => {}
+                // CANCEL-SAFETY: see above; the step is idempotent (set netboot then cycle again).
+                _ = me.bmc_step(id, step, generation, attempt, delay) => {}
+            }
+        });
+    }
+
+    async fn bmc_step(self: &Arc<Self>, id: i64, step: BmcStep, generation: i64, attempt: u32, delay: Duration) {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        // A backoff may have outlived the plan (quarantined, retried, new generation).
+        match self.store.node(id).await {
+            Ok(Some(n)) if n.state == State::Reclaiming.as_str() && n.generation == generation && n.attempt == i64::from(attempt) => {}
+            Ok(_) => {
+                tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(node = id, error = %e, "loading node for BMC step");
+                return;
+            }
+        }
+        let result = self.bmc_call(id, step).await;
+        let event = match result {
+            Ok(driver) => {
+                tracing::info!(node = id, %step, %driver, generation, attempt, "BMC step done");
+                match step {
+                    BmcStep::SetNetboot => Event::NetbootSet { generation, attempt },
+                    BmcStep::PowerCycle => Event::PowerCycled { generation, attempt },
+                }
+            }
+            Err(reason) => {
+                tracing::warn!(node = id, %step, generation, attempt, %reason, "BMC step failed");
+                Event::BmcStepFailed {
+                    step,
+                    generation,
+                    attempt,
+                    reason,
+                }
+            }
+        };
+        self.apply_logged(id, event, "bmc").await;
+    }
+
+    /// Runs one BMC step; the error text names the driver, the step and the BMC's message.
+    async fn bmc_call(&self, id: i64, step: BmcStep) -> Result<String, String> {
+        let b = self
+            .bmcs
+            .connect(&self.store, id)
+            .await
+            .map_err(|e| format!("{step}: {e}"))?;
+        let driver = b.driver().to_string();
+        let r = match step {
+            BmcStep::SetNetboot => b.set_next_boot(NextBoot::pxe_once()).await.map(|_| ()),
+            BmcStep::PowerCycle => b.power_cycle().await,
+        };
+        if let Some(fp) = b.tls_fingerprint()
+            && let Ok(Some(row)) = self.store.bmc(id).await
+            && row.tls_pin.is_none()
+        {
+            tracing::info!(node = id, fingerprint = %fp, "pinned BMC TLS certificate on first use");
+            let _ = self.store.pin_bmc_cert(id, &fp).await;
+        }
+        b.close().await;
+        r.map(|()| driver.clone())
+            .map_err(|e| format!("{driver} {step}: {e}"))
+    }
+
+    async fn apply_logged(self: &Arc<Self>, id: i64, event: Event, actor: &str) {
+        // A concurrent writer (an agent callback) may win the version check: retry a few times.
+        for _ in 0..5 {
+            match self.apply(id, &event, actor).await {
+                Err(ApplyError::Conflict(_)) => continue,
+                Err(e) => {
+                    tracing::warn!(node = id, event = event.name(), error = %e, "event not applied");
+                    return;
+                }
+                Ok(_) => return,
+            }
+        }
+        tracing::error!(node = id, event = event.name(), "event lost to repeated conflicts");
+    }
+
+    /// Re-arms deadlines and re-runs interrupted BMC steps from the store (after a
+    /// restart). A node in `reclaiming` starts its reclaim again from "set netboot":
+    /// the override is consumed by a power cycle, so cycling again without setting it
+    /// would boot the disk.
+    pub async fn resume(self: &Arc<Self>) -> Result<usize, crate::store::StoreError> {
+        let states: Vec<&str> = State::ALL
+            .iter()
+            .filter(|s| s.in_progress())
+            .map(|s| s.as_str())
+            .collect();
+        let nodes = self.store.nodes_in_states(&states).await?;
+        let now = chrono::Utc::now();
+        let mut n = 0;
+        for row in nodes {
+            let Ok(state) = row.state.parse::<State>() else {
+                continue;
+            };
+            let attempt = u32::try_from(row.attempt).unwrap_or(0);
+            let elapsed = parse_time(&row.state_since)
+                .and_then(|t| (now - t).to_std().ok())
+                .unwrap_or_default();
+            if let Some(after) = self.policy.deadline(state) {
+                self.run_effect(
+                    row.id,
+                    Effect::ArmDeadline {
+                        state,
+                        generation: row.generation,
+                        attempt,
+                        after,
+                    },
+                    elapsed,
+                );
+            }
+            if state == State::Reclaiming {
+                self.run_effect(
+                    row.id,
+                    Effect::SetNetboot {
+                        generation: row.generation,
+                        attempt,
+                        delay: Duration::ZERO,
+                    },
+                    Duration::ZERO,
+                );
+            }
+            tracing::info!(node = row.id, %state, elapsed_s = elapsed.as_secs(), "resumed");
+            n += 1;
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,460 @@
+//! Nodes, their interfaces, BMC endpoints, the audit log and idempotency keys.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
+
+use super::{Store, StoreError};
+
+/// A node as stored (no secrets: those live in `bmc_secrets`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct NodeRow {
+    pub id: i64,
+    pub name: Option<String>,
+    pub hostname: Option<String>,
+    pub arch: String,
+    pub state: String,
+    pub state_since: String,
+    pub version: i64,
+    pub generation: i64,
+    pub attempt: i64,
+    pub image: Option<String>,
+    #[serde(skip_serializing)]
+    pub boot_token: Option<String>,
+    pub failed_step: Option<String>,
+    pub failed_reason: Option<String>,
+    pub facts: Option<String>,
+    pub created_at: String,
+}
+
+/// One row of the append-only audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct EventRow {
+    pub id: i64,
+    pub node_id: i64,
+    pub generation: i64,
+    pub from_state: Option<String>,
+    pub event: String,
+    pub to_state: String,
+    pub at: String,
+    pub actor: String,
+    pub detail: Option<String>,
+}
+
+/// A network interface of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct InterfaceRow {
+    pub mac: String,
+    pub node_id: i64,
+    pub is_boot: i64,
+}
+
+/// A BMC endpoint as shown to operators (the password is never part of it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct BmcRow {
+    pub node_id: i64,
+    pub driver: String,
+    pub address: String,
+    pub username: String,
+    pub system_id: Option<String>,
+    pub tls_pin: Option<String>,
+    pub tls_insecure: i64,
+}
+
+/// What registering a node needs.
+#[derive(Debug, Clone, Default)]
+pub struct NewNode {
+    pub name: Option<String>,
+    pub arch: String,
+    pub state: String,
+    /// MACs, normalized; the first is the boot NIC unless `boot_mac` says otherwise.
+    pub macs: Vec<String>,
+    pub boot_mac: Option<String>,
+    pub bmc: Option<(BmcRow, String)>,
+}
+
+/// Current time as stored (RFC 3339, UTC, milliseconds).
+pub fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Parses a stored timestamp.
+pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+impl Store {
+    /// Registers a node with its interfaces and BMC in one transaction.
+    pub async fn create_node(&self, n: &NewNode, actor: &str) -> Result<i64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let t = now();
+        let id = sqlx::query_scalar!(
+            r#"INSERT INTO nodes (name, arch, state, state_since, created_at)
+               VALUES (?, ?, ?, ?, ?) RETURNING id"#,
+            n.name,
+            n.arch,
+            n.state,
+            t,
+            t
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let boot = n.boot_mac.clone().or_else(|| n.macs.first().cloned());
+        for mac in &n.macs {
+            let is_boot = i64::from(Some(mac) == boot.as_ref());
+            sqlx::query!(
+                "INSERT INTO interfaces (mac, node_id, is_boot) VALUES (?, ?, ?)",
+                mac,
+                id,
+                is_boot
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let Some((b, password)) = &n.bmc {
+            set_bmc_tx(&mut tx, id, b, Some(password)).await?;
+        }
+        append_event(&mut tx, id, 0, None, "registered", &n.state, actor, None).await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// One node by id.
+    pub async fn node(&self, id: i64) -> Result<Option<NodeRow>, StoreError> {
+        Ok(
+            sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE id = ?", id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Resolves an operator's reference: numeric id, name, hostname or MAC.
+    pub async fn find_node(&self, reference: &str) -> Result<Option<NodeRow>, StoreError> {
+        if let Ok(id) = reference.parse::<i64>() {
+            return self.node(id).await;
+        }
+        if let Some(mac) = crate::config::normalize_mac(reference)
+            && let Some(n) = self.node_by_mac(&mac).await?
+        {
+            return Ok(Some(n));
+        }
+        Ok(sqlx::query_as!(
+            NodeRow,
+            "SELECT * FROM nodes WHERE name = ? OR hostname = ? LIMIT 1",
+            reference,
+            reference
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The node owning `mac` (normalized).
+    pub async fn node_by_mac(&self, mac: &str) -> Result<Option<NodeRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            NodeRow,
+            r#"SELECT n.* FROM nodes n JOIN interfaces i ON i.node_id = n.id WHERE i.mac = ?"#,
+            mac
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The node whose current boot token is `token`.
+    pub async fn node_by_token(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            NodeRow,
+            "SELECT * FROM nodes WHERE boot_token = ?",
+            token
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// All nodes, by id.
+    pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        Ok(sqlx::query_as!(NodeRow, "SELECT * FROM nodes ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Nodes in states that have deadlines (re-armed on start).
+    pub async fn nodes_in_states(&self, states: &[&str]) -> Result<Vec<NodeRow>, StoreError> {
+        let all = self.nodes().await?;
+        Ok(all
+            .into_iter()
+            .filter(|n| states.contains(&n.state.as_str()))
+            .collect())
+    }
+
+    /// Interfaces of a node.
+    pub async fn interfaces(&self, node_id: i64) -> Result<Vec<InterfaceRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            InterfaceRow,
+            "SELECT * FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac",
+            node_id
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The audit log of a node, oldest first.
+    pub async fn events(&self, node_id: i64) -> Result<Vec<EventRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            EventRow,
+            "SELECT * FROM node_events WHERE node_id = ? ORDER BY id",
+            node_id
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The BMC endpoint of a node (without secret).
+    pub async fn bmc(&self, node_id: i64) -> Result<Option<BmcRow>, StoreError> {
+        Ok(
+            sqlx::query_as!(BmcRow, "SELECT * FROM bmcs WHERE node_id = ?", node_id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The BMC password of a node. Only the BMC worker calls this.
+    pub async fn bmc_secret(&self, node_id: i64) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            "SELECT password FROM bmc_secrets WHERE node_id = ?",
+            node_id
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Stores the TLS fingerprint pinned on first use.
+    pub async fn pin_bmc_cert(&self, node_id: i64, pin: &str) -> Result<(), StoreError> {
+        sqlx::query!("UPDATE bmcs SET tls_pin = ? WHERE node_id = ?", pin, node_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes a node (its interfaces, BMC and secrets go with it; the audit log stays).
+    pub async fn delete_node(&self, id: i64, actor: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let Some(n) = sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE id = ?", id)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(false);
+        };
+        sqlx::query!("DELETE FROM nodes WHERE id = ?", id)
+            .execute(&mut *tx)
+            .await?;
+        append_event(
+            &mut tx,
+            id,
+            n.generation,
+            Some(&n.state),
+            "deleted",
+            &n.state,
+            actor,
+            None,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Whether a hostname is used by any node.
+    pub async fn hostname_taken(&self, hostname: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar!(
+            "SELECT COUNT(*) FROM nodes WHERE hostname = ?",
+            hostname
+        )
+        .fetch_one(&self.pool)
+        .await?
+            > 0)
+    }
+
+    /// All hostnames in use.
+    pub async fn hostnames(&self) -> Result<Vec<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar!("SELECT hostname FROM nodes WHERE hostname IS NOT NULL")
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .flatten()
+                .collect(),
+        )
+    }
+
+    /// A stored idempotent answer.
+    pub async fn idempotent(&self, key: &str) -> Result<Option<(i64, String)>, StoreError> {
+        Ok(sqlx::query!(
+            "SELECT node_id, response FROM idempotency WHERE key = ?",
+            key
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|r| (r.node_id, r.response)))
+    }
+}
+
+/// Loads a node inside a transaction.
+pub async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<NodeRow>, StoreError> {
+    Ok(
+        sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE id = ?", id)
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
+/// Writes a node's lifecycle fields if its version is still `expected`; returns false
+/// when another writer got there first (the caller retries or reports a conflict).
+pub async fn update_node_tx(
+    conn: &mut SqliteConnection,
+    n: &NodeRow,
+    expected_version: i64,
+) -> Result<bool, StoreError> {
+    let r = sqlx::query!(
+        r#"UPDATE nodes SET state = ?, state_since = ?, version = version + 1, generation = ?,
+               attempt = ?, image = ?, boot_token = ?, failed_step = ?, failed_reason = ?,
+               facts = ?, hostname = ?, arch = ?
+           WHERE id = ? AND version = ?"#,
+        n.state,
+        n.state_since,
+        n.generation,
+        n.attempt,
+        n.image,
+        n.boot_token,
+        n.failed_step,
+        n.failed_reason,
+        n.facts,
+        n.hostname,
+        n.arch,
+        n.id,
+        expected_version
+    )
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Appends one audit row.
+#[allow(clippy::too_many_arguments)]
+pub async fn append_event(
+    conn: &mut SqliteConnection,
+    node_id: i64,
+    generation: i64,
+    from: Option<&str>,
+    event: &str,
+    to: &str,
+    actor: &str,
+    detail: Option<&str>,
+) -> Result<(), StoreError> {
+    let at = now();
+    sqlx::query!(
+        r#"INSERT INTO node_events (node_id, generation, from_state, event, to_state, at, actor, detail)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?)"#,
+        node_id,
+        generation,
+        from,
+        event,
+        to,
+        at,
+        actor,
+        detail
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Records an idempotency key's answer inside the transaction that produced it.
+pub async fn put_idempotent(
+    conn: &mut SqliteConnection,
+    key: &str,
+    node_id: i64,
+    response: &str,
+) -> Result<(), StoreError> {
+    let at = now();
+    sqlx::query!(
+        "INSERT INTO idempotency (key, node_id, response, created_at) VALUES (?, ?, ?, ?)",
+        key,
+        node_id,
+        response,
+        at
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn set_bmc_tx(
+    tx: &mut Transaction<'_, Sqlite>,
+    node_id: i64,
+    b: &BmcRow,
+    password: Option<&String>,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        r#"INSERT INTO bmcs (node_id, driver, address, username, system_id, tls_pin, tls_insecure)
+           VALUES (?, ?, ?, ?, ?, ?, ?)
+           ON CONFLICT (node_id) DO UPDATE SET driver = excluded.driver, address = excluded.address,
+             username = excluded.username, system_id = excluded.system_id,
+             tls_pin = excluded.tls_pin, tls_insecure = excluded.tls_insecure"#,
+        node_id,
+        b.driver,
+        b.address,
+        b.username,
+        b.system_id,
+        b.tls_pin,
+        b.tls_insecure
+    )
+    .execute(&mut **tx)
+    .await?;
+    if let Some(p) = password {
+        sqlx::query!(
+            r#"INSERT INTO bmc_secrets (node_id, password) VALUES (?, ?)
+               ON CONFLICT (node_id) DO UPDATE SET password = excluded.password"#,
+            node_id,
+            p
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Records the architecture a node reported (DHCP option 93 or the agent).
+    pub async fn set_arch(&self, id: i64, arch: &str) -> Result<(), StoreError> {
+        sqlx::query!("UPDATE nodes SET arch = ? WHERE id = ?", arch, id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Hostnames in use, inside a transaction.
+pub async fn hostnames_tx(conn: &mut SqliteConnection) -> Result<Vec<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar!("SELECT hostname FROM nodes WHERE hostname IS NOT NULL")
+            .fetch_all(conn)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect(),
+    )
+}
+
+/// The boot NIC's MAC of a node, inside a transaction.
+pub async fn boot_mac_tx(
+    conn: &mut SqliteConnection,
+    id: i64,
+) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query_scalar!(
+        "SELECT mac FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac LIMIT 1",
+        id
+    )
+    .fetch_optional(conn)
+    .await?)
+}
