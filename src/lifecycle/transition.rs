@@ -1,0 +1,1758 @@
+//! The node lifecycle as one pure function: `transition(node, event, policy)`.
+//!
+//! Nothing here touches the store, the network or a clock. Everything impure comes in
+//! through the [`Event`] (a fresh boot token, a BMC's answer, a deadline that fired) or
+//! the current [`Node`] record, and goes out as the next record plus a list of
+//! [`Effect`]s that the worker runs after the store has committed the change.
+//!
+//! Retry accounting: `attempt` counts the retries used in the current reinstall round.
+//! It starts at 0 when a reinstall is requested and is *not* reset when the node moves
+//! on from `reclaiming` to `netbooting` or `installing`, because a deadline in those
+//! states re-runs the reclaim; resetting it there would let a node that never boots
+//! loop forever. It is reset when the node comes to rest (`available`, `allocated`,
+//! `quarantined`) and kept in `failed` to show how many retries were spent.
+//!
+//! Deadlines: a node has at most one deadline. [`Effect::ArmDeadline`] replaces any
+//! previous one; [`Effect::ClearDeadline`] drops it. A deadline is armed whenever the node
+//! enters (or re-enters, on retry) a state that has one, and cleared when it leaves
+//! for a state that has none. The deadline event echoes `(state, generation, attempt)`
+//! so a deadline that fires after the node moved on is recognised and ignored.
+//! `first_boot` expiry fails the node straight away: the installer has finished, so a
+//! new reclaim would reinstall, and a power cycle rarely fixes an image whose agent
+//! never reports; the operator decides with a fresh reinstall.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::config::LifecycleConfig;
+
+/// A node's lifecycle state, stored as TEXT in `nodes.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum State {
+    /// Seen on the wire (DHCP/iPXE), not yet accepted by an operator.
+    Discovered,
+    /// Installed, healthy, free to allocate.
+    Available,
+    /// Handed to a user.
+    Allocated,
+    /// Setting one-time network boot on the BMC and power-cycling.
+    Reclaiming,
+    /// Power-cycled; waiting for the node to fetch its iPXE script.
+    Netbooting,
+    /// The installer has been served; waiting for its `installed` callback.
+    Installing,
+    /// Installed; waiting for the first-boot report and the health verdict.
+    FirstBoot,
+    /// A step failed; `failure` says which and why.
+    Failed,
+    /// Held out of service (hardware no longer matches its size).
+    Quarantined,
+}
+
+impl State {
+    /// Every state, in lifecycle order.
+    pub const ALL: [State; 9] = [
+        State::Discovered,
+        State::Available,
+        State::Allocated,
+        State::Reclaiming,
+        State::Netbooting,
+        State::Installing,
+        State::FirstBoot,
+        State::Failed,
+        State::Quarantined,
+    ];
+
+    /// The name stored in the database and shown in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Discovered => "discovered",
+            State::Available => "available",
+            State::Allocated => "allocated",
+            State::Reclaiming => "reclaiming",
+            State::Netbooting => "netbooting",
+            State::Installing => "installing",
+            State::FirstBoot => "first_boot",
+            State::Failed => "failed",
+            State::Quarantined => "quarantined",
+        }
+    }
+
+    /// Position in [`State::ALL`] (declaration order).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// States of a reinstall in progress: the only ones with deadlines, a boot token,
+    /// and where a second reinstall request answers "already in progress".
+    pub fn in_progress(self) -> bool {
+        match self {
+            State::Reclaiming | State::Netbooting | State::Installing | State::FirstBoot => true,
+            State::Discovered
+            | State::Available
+            | State::Allocated
+            | State::Failed
+            | State::Quarantined => false,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for State {
+    type Err = TransitionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        State::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| TransitionError::UnknownName {
+                kind: "state",
+                name: s.to_string(),
+            })
+    }
+}
+
+/// One BMC operation of the reclaim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BmcStep {
+    /// Set one-time network boot and read it back.
+    SetNetboot,
+    /// Power-cycle (or power on) the machine.
+    PowerCycle,
+}
+
+impl BmcStep {
+    /// Snake-case name, as stored in `nodes.failed_step`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BmcStep::SetNetboot => "set_netboot",
+            BmcStep::PowerCycle => "power_cycle",
+        }
+    }
+}
+
+impl fmt::Display for BmcStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What failed: a BMC operation, or the stage the node was in.
+/// Stored in `nodes.failed_step` as `set_netboot`, `power_cycle` or a state name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// A BMC operation gave up after its retries.
+    Bmc(BmcStep),
+    /// The node was in this state (deadline, health verdict, operator action).
+    Stage(State),
+}
+
+impl Step {
+    /// The name stored in `nodes.failed_step`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Bmc(b) => b.as_str(),
+            Step::Stage(s) => s.as_str(),
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Step {
+    type Err = TransitionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [BmcStep::SetNetboot, BmcStep::PowerCycle]
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .map(Step::Bmc)
+            .map_or_else(
+                || {
+                    State::from_str(s)
+                        .map(Step::Stage)
+                        .map_err(|_| TransitionError::UnknownName {
+                            kind: "step",
+                            name: s.to_string(),
+                        })
+                },
+                Ok,
+            )
+    }
+}
+
+/// Why a node is `failed` or `quarantined` (`nodes.failed_step`, `nodes.failed_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What failed, or the state the node was in when an operator acted.
+    pub step: Step,
+    /// Human-readable reason: the BMC's error, `deadline`, the health detail, the operator's text.
+    pub reason: String,
+}
+
+/// A one-time boot token. Its `Debug` is redacted so events and nodes can be logged.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BootToken(pub String);
+
+impl BootToken {
+    /// The token text, as stored in `nodes.boot_token` and used in callback URLs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for BootToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BootToken(..)")
+    }
+}
+
+/// The lifecycle fields of a node record: what `transition` reads and what it returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// `nodes.state`.
+    pub state: State,
+    /// `nodes.generation`: bumped by every reinstall; callbacks and BMC answers carry it.
+    pub generation: i64,
+    /// `nodes.attempt`: retries used in the current reinstall round.
+    pub attempt: u32,
+    /// `nodes.image`: what the next (or current) install puts on the disk.
+    pub image: Option<String>,
+    /// `nodes.boot_token`: set only while a reinstall is in progress.
+    pub token: Option<BootToken>,
+    /// `nodes.failed_step` + `nodes.failed_reason`: set in `failed` and `quarantined`.
+    pub failure: Option<Failure>,
+    /// The first-boot agent has reported in the current generation (health needs it).
+    /// Not a column: derive it from the audit log, i.e. a `node_events` row with this
+    /// generation and event `first_boot_reported`.
+    pub first_boot_reported: bool,
+}
+
+impl Node {
+    /// A freshly seen machine.
+    pub fn discovered() -> Self {
+        Node {
+            state: State::Discovered,
+            generation: 0,
+            attempt: 0,
+            image: None,
+            token: None,
+            failure: None,
+            first_boot_reported: false,
+        }
+    }
+}
+
+/// Something that happened to a node (past tense). Names go to `node_events.event`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// An operator accepted a discovered machine.
+    Enrolled,
+    /// The node was handed to a user.
+    Allocated,
+    /// The user gave the node back (without a reinstall).
+    Released,
+    /// `POST /api/v1/nodes/{id}/reinstall`. `image: None` keeps the node's image;
+    /// `token` is the fresh one-time boot token for the new generation.
+    ReinstallRequested {
+        image: Option<String>,
+        token: BootToken,
+    },
+    /// The BMC accepted one-time network boot and reading it back confirmed it.
+    NetbootSet { generation: i64, attempt: u32 },
+    /// The BMC power-cycled the machine.
+    PowerCycled { generation: i64, attempt: u32 },
+    /// A BMC operation failed (this try).
+    BmcStepFailed {
+        step: BmcStep,
+        generation: i64,
+        attempt: u32,
+        reason: String,
+    },
+    /// The per-node iPXE script served the installer for this generation.
+    InstallerServed { generation: i64 },
+    /// Callback `installed`.
+    InstallFinished { generation: i64 },
+    /// Callback `first-boot`: hostname and hardware facts (JSON text).
+    FirstBootReported {
+        generation: i64,
+        hostname: String,
+        facts: String,
+    },
+    /// Callback `health`: pass.
+    HealthPassed { generation: i64 },
+    /// Callback `health`: fail.
+    HealthFailed { generation: i64, detail: String },
+    /// The deadline armed by [`Effect::ArmDeadline`] with these fields fired.
+    DeadlineExpired {
+        state: State,
+        generation: i64,
+        attempt: u32,
+    },
+    /// Taken out of service.
+    Quarantined { reason: String },
+    /// Quarantine lifted.
+    Restored,
+    /// An operator declared the node failed.
+    MarkedFailed { reason: String },
+}
+
+impl Event {
+    /// Snake-case name for `node_events.event`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Enrolled => "enrolled",
+            Event::Allocated => "allocated",
+            Event::Released => "released",
+            Event::ReinstallRequested { .. } => "reinstall_requested",
+            Event::NetbootSet { .. } => "netboot_set",
+            Event::PowerCycled { .. } => "power_cycled",
+            Event::BmcStepFailed { .. } => "bmc_step_failed",
+            Event::InstallerServed { .. } => "installer_served",
+            Event::InstallFinished { .. } => "install_finished",
+            Event::FirstBootReported { .. } => "first_boot_reported",
+            Event::HealthPassed { .. } => "health_passed",
+            Event::HealthFailed { .. } => "health_failed",
+            Event::DeadlineExpired { .. } => "deadline_expired",
+            Event::Quarantined { .. } => "quarantined",
+            Event::Restored => "restored",
+            Event::MarkedFailed { .. } => "marked_failed",
+        }
+    }
+
+    /// Text for `node_events.detail`. Never contains the boot token.
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            Event::ReinstallRequested { image, .. } => image.as_ref().map(|i| format!("image {i}")),
+            Event::BmcStepFailed {
+                step,
+                attempt,
+                reason,
+                ..
+            } => Some(format!("{step} (attempt {attempt}): {reason}")),
+            Event::FirstBootReported { hostname, .. } => Some(format!("hostname {hostname}")),
+            Event::HealthFailed { detail, .. } => Some(detail.clone()),
+            Event::DeadlineExpired { state, attempt, .. } => {
+                Some(format!("{state} (attempt {attempt})"))
+            }
+            Event::Quarantined { reason } | Event::MarkedFailed { reason } => Some(reason.clone()),
+            Event::Enrolled
+            | Event::Allocated
+            | Event::Released
+            | Event::NetbootSet { .. }
+            | Event::PowerCycled { .. }
+            | Event::InstallerServed { .. }
+            | Event::InstallFinished { .. }
+            | Event::HealthPassed { .. }
+            | Event::Restored => None,
+        }
+    }
+
+    /// The generation an agent callback (or the boot script) claims; `None` for events
+    /// that do not come from the node itself.
+    fn callback_generation(&self) -> Option<i64> {
+        match self {
+            Event::InstallerServed { generation }
+            | Event::InstallFinished { generation }
+            | Event::FirstBootReported { generation, .. }
+            | Event::HealthPassed { generation }
+            | Event::HealthFailed { generation, .. } => Some(*generation),
+            Event::Enrolled
+            | Event::Allocated
+            | Event::Released
+            | Event::ReinstallRequested { .. }
+            | Event::NetbootSet { .. }
+            | Event::PowerCycled { .. }
+            | Event::BmcStepFailed { .. }
+            | Event::DeadlineExpired { .. }
+            | Event::Quarantined { .. }
+            | Event::Restored
+            | Event::MarkedFailed { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Something the worker must do after the change is committed (imperative).
+/// Effects run in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Set one-time network boot, then read it back; answer with `NetbootSet` or
+    /// `BmcStepFailed { step: SetNetboot }` echoing `generation` and `attempt`.
+    /// Wait `delay` first (retry backoff); skip it if [`Effect::is_current`] turns false.
+    SetNetboot {
+        generation: i64,
+        attempt: u32,
+        delay: Duration,
+    },
+    /// Power-cycle; answer with `PowerCycled` or `BmcStepFailed { step: PowerCycle }`.
+    PowerCycle {
+        generation: i64,
+        attempt: u32,
+        delay: Duration,
+    },
+    /// Replace the node's deadline: after `after`, send
+    /// `DeadlineExpired { state, generation, attempt }`.
+    ArmDeadline {
+        state: State,
+        generation: i64,
+        attempt: u32,
+        after: Duration,
+    },
+    /// Drop the node's deadline.
+    ClearDeadline,
+}
+
+impl Effect {
+    /// Snake-case name, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Effect::SetNetboot { .. } => "set_netboot",
+            Effect::PowerCycle { .. } => "power_cycle",
+            Effect::ArmDeadline { .. } => "arm_deadline",
+            Effect::ClearDeadline => "clear_deadline",
+        }
+    }
+
+    /// Whether a (possibly delayed) effect still applies to `node` as it is now. The
+    /// worker checks this after a backoff delay so that a node quarantined or retried
+    /// meanwhile is not power-cycled by a stale plan.
+    pub fn is_current(&self, node: &Node) -> bool {
+        match self {
+            Effect::SetNetboot {
+                generation,
+                attempt,
+                ..
+            }
+            | Effect::PowerCycle {
+                generation,
+                attempt,
+                ..
+            } => {
+                node.state == State::Reclaiming
+                    && node.generation == *generation
+                    && node.attempt == *attempt
+            }
+            Effect::ArmDeadline {
+                state,
+                generation,
+                attempt,
+                ..
+            } => node.state == *state && node.generation == *generation && node.attempt == *attempt,
+            Effect::ClearDeadline => true,
+        }
+    }
+}
+
+/// Deadlines, retries and backoff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Deadline per state, indexed like [`State::ALL`]. Only in-progress states
+    /// ([`State::in_progress`]) are ever armed: a resting state has nothing to retry.
+    pub deadlines: [Option<Duration>; 9],
+    /// Retries per reinstall round: a failure or expiry at `attempt < max_attempts`
+    /// retries with `attempt + 1`; otherwise the node fails. So a round makes at most
+    /// `max_attempts + 1` tries.
+    pub max_attempts: u32,
+    /// Delay before retry `n` (1-based) is `backoff * 2^(n-1)`, capped at `backoff_max`.
+    pub backoff: Duration,
+    /// Cap of the exponential backoff.
+    pub backoff_max: Duration,
+}
+
+/// Cap on the retry delay when the configuration gives none.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+impl Policy {
+    /// The policy the configuration asks for. Unknown state names (config validates
+    /// them already) and deadlines of resting states are ignored.
+    pub fn from_config(c: &LifecycleConfig) -> Self {
+        let mut deadlines = [None; 9];
+        for s in State::ALL {
+            deadlines[s.index()] = c.deadlines.get(s.as_str()).copied();
+        }
+        Policy {
+            deadlines,
+            max_attempts: c.max_attempts,
+            backoff: c.backoff,
+            backoff_max: DEFAULT_BACKOFF_MAX.max(c.backoff),
+        }
+    }
+
+    /// The deadline armed on entering `state`, if any.
+    pub fn deadline(&self, state: State) -> Option<Duration> {
+        if !state.in_progress() {
+            return None;
+        }
+        self.deadlines[state.index()]
+    }
+
+    /// Delay before the retry that moves the node to `attempt` (1-based).
+    pub fn backoff_for(&self, attempt: u32) -> Duration {
+        let exp = attempt.saturating_sub(1).min(31);
+        self.backoff
+            .checked_mul(1u32 << exp)
+            .unwrap_or(self.backoff_max)
+            .min(self.backoff_max)
+    }
+}
+
+impl Default for Policy {
+    /// The same values as the configuration defaults.
+    fn default() -> Self {
+        let mut deadlines = [None; 9];
+        for (s, secs) in [
+            (State::Reclaiming, 300),
+            (State::Netbooting, 900),
+            (State::Installing, 3600),
+            (State::FirstBoot, 1200),
+        ] {
+            deadlines[s.index()] = Some(Duration::from_secs(secs));
+        }
+        Policy {
+            deadlines,
+            max_attempts: 3,
+            backoff: Duration::from_secs(10),
+            backoff_max: DEFAULT_BACKOFF_MAX,
+        }
+    }
+}
+
+/// The first-boot report to store with the change (`nodes.hostname`, `nodes.facts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstBoot {
+    /// Hostname the node reported.
+    pub hostname: String,
+    /// Hardware facts, JSON text.
+    pub facts: String,
+}
+
+/// An accepted change: write `node`, append the audit row, then run `effects`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// The node record after the event.
+    pub node: Node,
+    /// What the worker must do once the change is committed, in order.
+    pub effects: Vec<Effect>,
+    /// A first-boot report to write in the same update.
+    pub report: Option<FirstBoot>,
+    /// The node (re)entered its state (new state, generation or retry): set
+    /// `state_since = now`, the base from which deadlines are re-armed on restart.
+    pub entered: bool,
+}
+
+/// Why an event changed nothing without being an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// A deadline for a state, generation or attempt the node has left.
+    StaleDeadline,
+    /// A BMC answer for a step the node is no longer waiting on.
+    StaleBmcResult,
+    /// A repeat of what already happened (agent or script retried, already quarantined).
+    Repeated,
+}
+
+/// What `transition` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The node changes; see [`Transition`].
+    Changed(Transition),
+    /// A reinstall was requested while one is running: nothing changes; answer with
+    /// the running operation.
+    InProgress { state: State, generation: i64 },
+    /// Nothing changes and nothing is wrong; nothing to write (the caller may log it).
+    Ignored(Ignored),
+}
+
+/// Why an event was refused. The caller changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    /// The event makes no sense in this state (API: 409).
+    #[error("event {event} is not allowed in state {state}")]
+    NotAllowed { state: State, event: &'static str },
+    /// A callback from another generation, e.g. an old install's token (API: 403).
+    #[error("stale generation {got} (current {current})")]
+    StaleGeneration { current: i64, got: i64 },
+    /// A reinstall without an image, and the node has none.
+    #[error("no image: the request names none and the node has none")]
+    NoImage,
+    /// Health reported before the first-boot report of this generation.
+    #[error("health reported before first boot")]
+    FirstBootNotReported,
+    /// A stored name that is not a known state or step.
+    #[error("unknown {kind} name {name:?}")]
+    UnknownName { kind: &'static str, name: String },
+}
+
+/// Decide what `event` does to `node` under `policy`. Pure.
+pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome, TransitionError> {
+    use Event as E;
+    use State as S;
+
+    if let Some(got) = event.callback_generation()
+        && got != node.generation
+    {
+        return Err(TransitionError::StaleGeneration {
+            current: node.generation,
+            got,
+        });
+    }
+    let not_allowed = || {
+        Err(TransitionError::NotAllowed {
+            state: node.state,
+            event: event.name(),
+        })
+    };
+    let bmc_current = |generation: i64, attempt: u32| {
+        node.state == S::Reclaiming && node.generation == generation && node.attempt == attempt
+    };
+    let stale_bmc = Ok(Outcome::Ignored(Ignored::StaleBmcResult));
+
+    match (node.state, event) {
+        (S::Discovered, E::Enrolled) => Ok(rest(node, policy, S::Available)),
+        (
+            S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::FirstBoot
+            | S::Failed
+            | S::Quarantined,
+            E::Enrolled,
+        ) => not_allowed(),
+
+        (S::Available, E::Allocated) => Ok(rest(node, policy, S::Allocated)),
+        (
+            S::Discovered
+            | S::Allocated
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::FirstBoot
+            | S::Failed
+            | S::Quarantined,
+            E::Allocated,
+        ) => not_allowed(),
+
+        (S::Allocated, E::Released) => Ok(rest(node, policy, S::Available)),
+        (
+            S::Discovered
+            | S::Available
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::FirstBoot
+            | S::Failed
+            | S::Quarantined,
+            E::Released,
+        ) => not_allowed(),
+
+        (S::Available | S::Allocated | S::Failed, E::ReinstallRequested { image, token }) => {
+            let image = image.clone().or_else(|| node.image.clone());
+            if image.is_none() {
+                return Err(TransitionError::NoImage);
+            }
+            let next = Node {
+                state: S::Reclaiming,
+                generation: node.generation + 1,
+                attempt: 0,
+                image,
+                token: Some(token.clone()),
+                failure: None,
+                first_boot_reported: false,
+            };
+            let set = Effect::SetNetboot {
+                generation: next.generation,
+                attempt: 0,
+                delay: Duration::ZERO,
+            };
+            Ok(changed(node, next, policy, Duration::ZERO, vec![set], None))
+        }
+        (
+            S::Reclaiming | S::Netbooting | S::Installing | S::FirstBoot,
+            E::ReinstallRequested { .. },
+        ) => Ok(Outcome::InProgress {
+            state: node.state,
+            generation: node.generation,
+        }),
+        (S::Discovered | S::Quarantined, E::ReinstallRequested { .. }) => not_allowed(),
+
+        (
+            S::Reclaiming,
+            E::NetbootSet {
+                generation,
+                attempt,
+            },
+        ) => {
+            if !bmc_current(*generation, *attempt) {
+                return stale_bmc;
+            }
+            let cycle = Effect::PowerCycle {
+                generation: node.generation,
+                attempt: node.attempt,
+                delay: Duration::ZERO,
+            };
+            Ok(changed(
+                node,
+                node.clone(),
+                policy,
+                Duration::ZERO,
+                vec![cycle],
+                None,
+            ))
+        }
+        (
+            S::Reclaiming,
+            E::PowerCycled {
+                generation,
+                attempt,
+            },
+        ) => {
+            if !bmc_current(*generation, *attempt) {
+                return stale_bmc;
+            }
+            let next = Node {
+                state: S::Netbooting,
+                ..node.clone()
+            };
+            Ok(changed(node, next, policy, Duration::ZERO, vec![], None))
+        }
+        (
+            S::Reclaiming,
+            E::BmcStepFailed {
+                step,
+                generation,
+                attempt,
+                reason,
+            },
+        ) => {
+            if !bmc_current(*generation, *attempt) {
+                return stale_bmc;
+            }
+            if node.attempt < policy.max_attempts {
+                let attempt = node.attempt + 1;
+                let delay = policy.backoff_for(attempt);
+                let next = Node {
+                    attempt,
+                    ..node.clone()
+                };
+                let again = match step {
+                    BmcStep::SetNetboot => Effect::SetNetboot {
+                        generation: node.generation,
+                        attempt,
+                        delay,
+                    },
+                    BmcStep::PowerCycle => Effect::PowerCycle {
+                        generation: node.generation,
+                        attempt,
+                        delay,
+                    },
+                };
+                Ok(changed(node, next, policy, delay, vec![again], None))
+            } else {
+                Ok(fail(node, policy, Step::Bmc(*step), reason.clone()))
+            }
+        }
+        // BMC answers are only awaited in `reclaiming`; anywhere else they are late.
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Netbooting
+            | S::Installing
+            | S::FirstBoot
+            | S::Failed
+            | S::Quarantined,
+            E::NetbootSet { .. } | E::PowerCycled { .. } | E::BmcStepFailed { .. },
+        ) => stale_bmc,
+
+        (S::Netbooting, E::InstallerServed { .. }) => {
+            let next = Node {
+                state: S::Installing,
+                ..node.clone()
+            };
+            Ok(changed(node, next, policy, Duration::ZERO, vec![], None))
+        }
+        // The firmware or installer fetched the script again (an interrupted install).
+        (S::Installing, E::InstallerServed { .. }) => Ok(Outcome::Ignored(Ignored::Repeated)),
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::FirstBoot
+            | S::Failed
+            | S::Quarantined,
+            E::InstallerServed { .. },
+        ) => not_allowed(),
+
+        // From `netbooting` too: the script fetch may have been missed (e.g. served
+        // from a cache or a manual boot), yet the install ran for this generation.
+        (S::Netbooting | S::Installing, E::InstallFinished { .. }) => {
+            let next = Node {
+                state: S::FirstBoot,
+                ..node.clone()
+            };
+            Ok(changed(node, next, policy, Duration::ZERO, vec![], None))
+        }
+        // The installer retried its callback.
+        (S::FirstBoot, E::InstallFinished { .. }) => Ok(Outcome::Ignored(Ignored::Repeated)),
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::Failed
+            | S::Quarantined,
+            E::InstallFinished { .. },
+        ) => not_allowed(),
+
+        (
+            S::FirstBoot,
+            E::FirstBootReported {
+                hostname, facts, ..
+            },
+        ) => {
+            let next = Node {
+                first_boot_reported: true,
+                ..node.clone()
+            };
+            let report = FirstBoot {
+                hostname: hostname.clone(),
+                facts: facts.clone(),
+            };
+            Ok(changed(
+                node,
+                next,
+                policy,
+                Duration::ZERO,
+                vec![],
+                Some(report),
+            ))
+        }
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::Failed
+            | S::Quarantined,
+            E::FirstBootReported { .. },
+        ) => not_allowed(),
+
+        (S::FirstBoot, E::HealthPassed { .. }) => {
+            if !node.first_boot_reported {
+                return Err(TransitionError::FirstBootNotReported);
+            }
+            Ok(rest(node, policy, S::Available))
+        }
+        (S::FirstBoot, E::HealthFailed { detail, .. }) => Ok(fail(
+            node,
+            policy,
+            Step::Stage(S::FirstBoot),
+            detail.clone(),
+        )),
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::Failed
+            | S::Quarantined,
+            E::HealthPassed { .. } | E::HealthFailed { .. },
+        ) => not_allowed(),
+
+        (
+            _,
+            E::DeadlineExpired {
+                state,
+                generation,
+                attempt,
+            },
+        ) if (*state, *generation, *attempt) != (node.state, node.generation, node.attempt) => {
+            Ok(Outcome::Ignored(Ignored::StaleDeadline))
+        }
+        (S::Reclaiming | S::Netbooting | S::Installing, E::DeadlineExpired { .. }) => {
+            if node.attempt < policy.max_attempts {
+                // Whatever stage hung, the cure is the same: netboot and power-cycle again.
+                let attempt = node.attempt + 1;
+                let delay = policy.backoff_for(attempt);
+                let next = Node {
+                    state: S::Reclaiming,
+                    attempt,
+                    ..node.clone()
+                };
+                let set = Effect::SetNetboot {
+                    generation: node.generation,
+                    attempt,
+                    delay,
+                };
+                Ok(changed(node, next, policy, delay, vec![set], None))
+            } else {
+                Ok(fail(
+                    node,
+                    policy,
+                    Step::Stage(node.state),
+                    "deadline".into(),
+                ))
+            }
+        }
+        (S::FirstBoot, E::DeadlineExpired { .. }) => Ok(fail(
+            node,
+            policy,
+            Step::Stage(S::FirstBoot),
+            "deadline".into(),
+        )),
+        // Resting states are never armed; a matching deadline here is a bug upstream.
+        (
+            S::Discovered | S::Available | S::Allocated | S::Failed | S::Quarantined,
+            E::DeadlineExpired { .. },
+        ) => not_allowed(),
+
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::FirstBoot
+            | S::Failed,
+            E::Quarantined { reason },
+        ) => {
+            let mut next = rest_node(node, S::Quarantined);
+            next.failure = Some(Failure {
+                step: Step::Stage(node.state),
+                reason: reason.clone(),
+            });
+            Ok(changed(node, next, policy, Duration::ZERO, vec![], None))
+        }
+        (S::Quarantined, E::Quarantined { .. }) => Ok(Outcome::Ignored(Ignored::Repeated)),
+
+        (S::Quarantined, E::Restored) => Ok(rest(node, policy, S::Available)),
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::FirstBoot
+            | S::Failed,
+            E::Restored,
+        ) => not_allowed(),
+
+        (
+            S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::Netbooting
+            | S::Installing
+            | S::FirstBoot,
+            E::MarkedFailed { reason },
+        ) => Ok(fail(node, policy, Step::Stage(node.state), reason.clone())),
+        // A discovered machine was never accepted; failing it would let a reinstall
+        // skip enrolment. Quarantine outranks failure.
+        (S::Discovered | S::Failed | S::Quarantined, E::MarkedFailed { .. }) => not_allowed(),
+    }
+}
+
+/// The record of a node coming to rest in `state`: no token, no retries, no failure.
+fn rest_node(node: &Node, state: State) -> Node {
+    Node {
+        state,
+        attempt: 0,
+        token: None,
+        failure: None,
+        ..node.clone()
+    }
+}
+
+fn rest(node: &Node, policy: &Policy, state: State) -> Outcome {
+    changed(
+        node,
+        rest_node(node, state),
+        policy,
+        Duration::ZERO,
+        vec![],
+        None,
+    )
+}
+
+/// Into `failed`; `attempt` is kept to show the retries spent.
+fn fail(node: &Node, policy: &Policy, step: Step, reason: String) -> Outcome {
+    let next = Node {
+        state: State::Failed,
+        token: None,
+        failure: Some(Failure { step, reason }),
+        ..node.clone()
+    };
+    changed(node, next, policy, Duration::ZERO, vec![], None)
+}
+
+/// Build the outcome, deriving the deadline effect so every path treats deadlines alike:
+/// (re)entering a state with a deadline arms it (extended by `delay`, the backoff before
+/// the retry starts); leaving for a state without one clears it.
+fn changed(
+    before: &Node,
+    next: Node,
+    policy: &Policy,
+    delay: Duration,
+    actions: Vec<Effect>,
+    report: Option<FirstBoot>,
+) -> Outcome {
+    let entered = next.state != before.state
+        || next.generation != before.generation
+        || next.attempt != before.attempt;
+    let mut effects = Vec::with_capacity(actions.len() + 1);
+    match (policy.deadline(before.state), policy.deadline(next.state)) {
+        (_, Some(after)) if entered => effects.push(Effect::ArmDeadline {
+            state: next.state,
+            generation: next.generation,
+            attempt: next.attempt,
+            after: after.saturating_add(delay),
+        }),
+        (Some(_), None) => effects.push(Effect::ClearDeadline),
+        _ => {}
+    }
+    effects.extend(actions);
+    Outcome::Changed(Transition {
+        node: next,
+        effects,
+        report,
+        entered,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use State as S;
+
+    const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+    fn policy() -> Policy {
+        Policy {
+            max_attempts: 3,
+            backoff: SECS(10),
+            backoff_max: SECS(25),
+            ..Policy::default()
+        }
+    }
+
+    fn token(s: &str) -> BootToken {
+        BootToken(s.to_string())
+    }
+
+    /// A plausible record for a node sitting in `state`, one retry already spent.
+    fn node_in(state: State) -> Node {
+        Node {
+            state,
+            generation: 4,
+            attempt: 1,
+            image: Some("debian-13".into()),
+            token: state.in_progress().then(|| token("tok-4")),
+            failure: matches!(state, S::Failed | S::Quarantined).then(|| Failure {
+                step: Step::Stage(S::Installing),
+                reason: "earlier".into(),
+            }),
+            first_boot_reported: state == S::FirstBoot,
+        }
+    }
+
+    /// One instance of every event variant, echoing the node where a real one would.
+    fn events_for(n: &Node) -> Vec<Event> {
+        let (generation, attempt) = (n.generation, n.attempt);
+        vec![
+            Event::Enrolled,
+            Event::Allocated,
+            Event::Released,
+            Event::ReinstallRequested {
+                image: None,
+                token: token("tok-5"),
+            },
+            Event::NetbootSet {
+                generation,
+                attempt,
+            },
+            Event::PowerCycled {
+                generation,
+                attempt,
+            },
+            Event::BmcStepFailed {
+                step: BmcStep::SetNetboot,
+                generation,
+                attempt,
+                reason: "connection refused".into(),
+            },
+            Event::InstallerServed { generation },
+            Event::InstallFinished { generation },
+            Event::FirstBootReported {
+                generation,
+                hostname: "node-0a1b2c".into(),
+                facts: "{\"cpus\":8}".into(),
+            },
+            Event::HealthPassed { generation },
+            Event::HealthFailed {
+                generation,
+                detail: "disk smart failed".into(),
+            },
+            Event::DeadlineExpired {
+                state: n.state,
+                generation,
+                attempt,
+            },
+            Event::Quarantined {
+                reason: "memory shrank".into(),
+            },
+            Event::Restored,
+            Event::MarkedFailed {
+                reason: "operator".into(),
+            },
+        ]
+    }
+
+    /// Exhaustive on purpose: a new variant fails to compile here until the table
+    /// and `events_for` cover it.
+    fn variant_index(e: &Event) -> usize {
+        match e {
+            Event::Enrolled => 0,
+            Event::Allocated => 1,
+            Event::Released => 2,
+            Event::ReinstallRequested { .. } => 3,
+            Event::NetbootSet { .. } => 4,
+            Event::PowerCycled { .. } => 5,
+            Event::BmcStepFailed { .. } => 6,
+            Event::InstallerServed { .. } => 7,
+            Event::InstallFinished { .. } => 8,
+            Event::FirstBootReported { .. } => 9,
+            Event::HealthPassed { .. } => 10,
+            Event::HealthFailed { .. } => 11,
+            Event::DeadlineExpired { .. } => 12,
+            Event::Quarantined { .. } => 13,
+            Event::Restored => 14,
+            Event::MarkedFailed { .. } => 15,
+        }
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Exp {
+        To(State, &'static [&'static str]),
+        InProgress,
+        Ignored(Ignored),
+        NotAllowed,
+    }
+
+    /// The allowed cells of the state × event table; every other cell is `NotAllowed`.
+    fn expected(state: State, event: &str) -> Exp {
+        use Exp::*;
+        const ARM: &[&str] = &["arm_deadline"];
+        const CLEAR: &[&str] = &["clear_deadline"];
+        const RECLAIM: &[&str] = &["arm_deadline", "set_netboot"];
+        match (state, event) {
+            (_, "netboot_set" | "power_cycled" | "bmc_step_failed") if state != S::Reclaiming => {
+                Ignored(super::Ignored::StaleBmcResult)
+            }
+            (S::Discovered, "enrolled") => To(S::Available, &[]),
+            (S::Available, "allocated") => To(S::Allocated, &[]),
+            (S::Allocated, "released") => To(S::Available, &[]),
+            (S::Available | S::Allocated | S::Failed, "reinstall_requested") => {
+                To(S::Reclaiming, RECLAIM)
+            }
+            (s, "reinstall_requested") if s.in_progress() => InProgress,
+            (S::Reclaiming, "netboot_set") => To(S::Reclaiming, &["power_cycle"]),
+            (S::Reclaiming, "power_cycled") => To(S::Netbooting, ARM),
+            (S::Reclaiming, "bmc_step_failed") => To(S::Reclaiming, RECLAIM),
+            (S::Netbooting, "installer_served") => To(S::Installing, ARM),
+            (S::Installing, "installer_served") => Ignored(super::Ignored::Repeated),
+            (S::Netbooting | S::Installing, "install_finished") => To(S::FirstBoot, ARM),
+            (S::FirstBoot, "install_finished") => Ignored(super::Ignored::Repeated),
+            (S::FirstBoot, "first_boot_reported") => To(S::FirstBoot, &[]),
+            (S::FirstBoot, "health_passed") => To(S::Available, CLEAR),
+            (S::FirstBoot, "health_failed") => To(S::Failed, CLEAR),
+            (S::Reclaiming | S::Netbooting | S::Installing, "deadline_expired") => {
+                To(S::Reclaiming, RECLAIM)
+            }
+            (S::FirstBoot, "deadline_expired") => To(S::Failed, CLEAR),
+            (S::Quarantined, "quarantined") => Ignored(super::Ignored::Repeated),
+            (s, "quarantined") if s.in_progress() => To(S::Quarantined, CLEAR),
+            (_, "quarantined") => To(S::Quarantined, &[]),
+            (S::Quarantined, "restored") => To(S::Available, &[]),
+            (s, "marked_failed") if s.in_progress() => To(S::Failed, CLEAR),
+            (S::Available | S::Allocated, "marked_failed") => To(S::Failed, &[]),
+            _ => NotAllowed,
+        }
+    }
+
+    #[test]
+    fn table_over_every_state_and_event() {
+        let p = policy();
+        let mut cells = 0;
+        let mut allowed = 0;
+        for state in State::ALL {
+            let node = node_in(state);
+            let events = events_for(&node);
+            let mut seen: Vec<usize> = events.iter().map(variant_index).collect();
+            seen.sort_unstable();
+            assert_eq!(
+                seen,
+                (0..16).collect::<Vec<_>>(),
+                "one event of each variant"
+            );
+            for event in &events {
+                cells += 1;
+                let want = expected(state, event.name());
+                let got = transition(&node, event, &p);
+                let ctx = format!("{state} × {}: {got:?}", event.name());
+                match (want, got) {
+                    (Exp::To(to, names), Ok(Outcome::Changed(t))) => {
+                        allowed += 1;
+                        assert_eq!(t.node.state, to, "{ctx}");
+                        let got_names: Vec<_> = t.effects.iter().map(Effect::name).collect();
+                        assert_eq!(got_names, names, "{ctx}");
+                        // Invariants of every accepted change.
+                        assert_eq!(t.node.token.is_some(), to.in_progress(), "token {ctx}");
+                        assert_eq!(
+                            t.node.failure.is_some(),
+                            matches!(to, S::Failed | S::Quarantined),
+                            "failure {ctx}"
+                        );
+                        assert_eq!(
+                            t.entered,
+                            (t.node.state, t.node.generation, t.node.attempt)
+                                != (node.state, node.generation, node.attempt),
+                            "entered {ctx}"
+                        );
+                        for e in &t.effects {
+                            assert!(e.is_current(&t.node), "effect for the new record {ctx}");
+                        }
+                    }
+                    (
+                        Exp::InProgress,
+                        Ok(Outcome::InProgress {
+                            state: s,
+                            generation,
+                        }),
+                    ) => {
+                        assert_eq!((s, generation), (node.state, node.generation), "{ctx}");
+                    }
+                    (Exp::Ignored(w), Ok(Outcome::Ignored(g))) => assert_eq!(w, g, "{ctx}"),
+                    (Exp::NotAllowed, Err(TransitionError::NotAllowed { state: s, event: e })) => {
+                        assert_eq!((s, e), (state, event.name()), "{ctx}");
+                    }
+                    (want, _) => panic!("want {want:?}, got {ctx}"),
+                }
+            }
+        }
+        assert_eq!(cells, 9 * 16);
+        assert_eq!(allowed, 34, "allowed cells");
+    }
+
+    /// Apply an event that must change the node; return the new record and effects.
+    fn step(n: &Node, e: Event, p: &Policy) -> (Node, Vec<Effect>) {
+        match transition(n, &e, p) {
+            Ok(Outcome::Changed(t)) => (t.node, t.effects),
+            other => panic!("{} in {}: {other:?}", e.name(), n.state),
+        }
+    }
+
+    fn fresh_available() -> Node {
+        Node {
+            image: Some("debian-13".into()),
+            ..rest_node(&Node::discovered(), S::Available)
+        }
+    }
+
+    #[test]
+    fn happy_path_reinstall_to_available() {
+        let p = policy();
+        let n0 = fresh_available();
+        let (n, fx) = step(
+            &n0,
+            Event::ReinstallRequested {
+                image: Some("rocky-10".into()),
+                token: token("tok-1"),
+            },
+            &p,
+        );
+        assert_eq!((n.state, n.generation, n.attempt), (S::Reclaiming, 1, 0));
+        assert_eq!(n.image.as_deref(), Some("rocky-10"));
+        assert_eq!(n.token, Some(token("tok-1")));
+        assert_eq!(
+            fx,
+            vec![
+                Effect::ArmDeadline {
+                    state: S::Reclaiming,
+                    generation: 1,
+                    attempt: 0,
+                    after: SECS(300)
+                },
+                Effect::SetNetboot {
+                    generation: 1,
+                    attempt: 0,
+                    delay: Duration::ZERO
+                }
+            ]
+        );
+        let (n, fx) = step(
+            &n,
+            Event::NetbootSet {
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        assert_eq!(n.state, S::Reclaiming);
+        assert_eq!(
+            fx,
+            vec![Effect::PowerCycle {
+                generation: 1,
+                attempt: 0,
+                delay: Duration::ZERO
+            }]
+        );
+        let (n, fx) = step(
+            &n,
+            Event::PowerCycled {
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        assert_eq!(n.state, S::Netbooting);
+        assert_eq!(
+            fx,
+            vec![Effect::ArmDeadline {
+                state: S::Netbooting,
+                generation: 1,
+                attempt: 0,
+                after: SECS(900)
+            }]
+        );
+        let (n, _) = step(&n, Event::InstallerServed { generation: 1 }, &p);
+        assert_eq!(n.state, S::Installing);
+        let (n, fx) = step(&n, Event::InstallFinished { generation: 1 }, &p);
+        assert_eq!(n.state, S::FirstBoot);
+        assert_eq!(
+            fx,
+            vec![Effect::ArmDeadline {
+                state: S::FirstBoot,
+                generation: 1,
+                attempt: 0,
+                after: SECS(1200)
+            }]
+        );
+        let report = Event::FirstBootReported {
+            generation: 1,
+            hostname: "n-0a1b2c".into(),
+            facts: "{}".into(),
+        };
+        let Ok(Outcome::Changed(t)) = transition(&n, &report, &p) else {
+            panic!("first boot report refused");
+        };
+        assert!(!t.entered && t.effects.is_empty());
+        assert_eq!(
+            t.report,
+            Some(FirstBoot {
+                hostname: "n-0a1b2c".into(),
+                facts: "{}".into()
+            })
+        );
+        let (n, fx) = step(&t.node, Event::HealthPassed { generation: 1 }, &p);
+        assert_eq!(fx, vec![Effect::ClearDeadline]);
+        assert_eq!(
+            n,
+            Node {
+                state: S::Available,
+                generation: 1,
+                attempt: 0,
+                image: Some("rocky-10".into()),
+                token: None,
+                failure: None,
+                first_boot_reported: true,
+            }
+        );
+    }
+
+    #[test]
+    fn bmc_retries_count_and_back_off_then_fail() {
+        let p = policy();
+        let mut n = node_in(S::Reclaiming);
+        n.attempt = 0;
+        let mut delays = Vec::new();
+        for want_attempt in 1..=3 {
+            let failed = Event::BmcStepFailed {
+                step: BmcStep::PowerCycle,
+                generation: n.generation,
+                attempt: n.attempt,
+                reason: "timeout".into(),
+            };
+            let (next, fx) = step(&n, failed, &p);
+            assert_eq!((next.state, next.attempt), (S::Reclaiming, want_attempt));
+            let Effect::PowerCycle { delay, attempt, .. } = fx[1] else {
+                panic!("retry must re-run the failed step: {fx:?}");
+            };
+            assert_eq!(attempt, want_attempt);
+            // The deadline covers the backoff before the retry starts.
+            assert_eq!(
+                fx[0],
+                Effect::ArmDeadline {
+                    state: S::Reclaiming,
+                    generation: n.generation,
+                    attempt: want_attempt,
+                    after: SECS(300) + delay
+                }
+            );
+            delays.push(delay);
+            n = next;
+        }
+        assert_eq!(
+            delays,
+            vec![SECS(10), SECS(20), SECS(25)],
+            "doubling, capped"
+        );
+        let last = Event::BmcStepFailed {
+            step: BmcStep::PowerCycle,
+            generation: n.generation,
+            attempt: 3,
+            reason: "timeout".into(),
+        };
+        let (n, fx) = step(&n, last, &p);
+        assert_eq!(n.state, S::Failed);
+        assert_eq!(n.attempt, 3, "failed keeps the retries spent");
+        assert_eq!(
+            n.failure,
+            Some(Failure {
+                step: Step::Bmc(BmcStep::PowerCycle),
+                reason: "timeout".into()
+            })
+        );
+        assert_eq!(n.token, None);
+        assert_eq!(fx, vec![Effect::ClearDeadline]);
+    }
+
+    #[test]
+    fn backoff_saturates_instead_of_overflowing() {
+        let p = Policy {
+            backoff: SECS(1),
+            backoff_max: SECS(3600),
+            ..policy()
+        };
+        assert_eq!(p.backoff_for(1), SECS(1));
+        assert_eq!(p.backoff_for(2), SECS(2));
+        assert_eq!(p.backoff_for(5), SECS(16));
+        assert_eq!(p.backoff_for(40), SECS(3600));
+        assert_eq!(p.backoff_for(u32::MAX), SECS(3600));
+    }
+
+    #[test]
+    fn deadline_reruns_reclaim_then_fails_with_the_stage() {
+        let p = policy();
+        let mut n = node_in(S::Installing);
+        n.attempt = 0;
+        // installing expires -> reclaim again; let it get as far as netbooting each time.
+        for want in 1..=3 {
+            let (r, fx) = step(
+                &n,
+                Event::DeadlineExpired {
+                    state: n.state,
+                    generation: n.generation,
+                    attempt: n.attempt,
+                },
+                &p,
+            );
+            assert_eq!((r.state, r.attempt), (S::Reclaiming, want));
+            assert!(matches!(fx[1], Effect::SetNetboot { attempt, .. } if attempt == want));
+            let (r, _) = step(
+                &r,
+                Event::NetbootSet {
+                    generation: r.generation,
+                    attempt: want,
+                },
+                &p,
+            );
+            let (r, _) = step(
+                &r,
+                Event::PowerCycled {
+                    generation: r.generation,
+                    attempt: want,
+                },
+                &p,
+            );
+            assert_eq!(
+                (r.state, r.attempt),
+                (S::Netbooting, want),
+                "attempt survives"
+            );
+            n = r;
+        }
+        let (n, fx) = step(
+            &n,
+            Event::DeadlineExpired {
+                state: S::Netbooting,
+                generation: n.generation,
+                attempt: 3,
+            },
+            &p,
+        );
+        assert_eq!(n.state, S::Failed);
+        assert_eq!(
+            n.failure,
+            Some(Failure {
+                step: Step::Stage(S::Netbooting),
+                reason: "deadline".into()
+            })
+        );
+        assert_eq!(fx, vec![Effect::ClearDeadline]);
+    }
+
+    #[test]
+    fn first_boot_deadline_fails_at_once() {
+        let mut n = node_in(S::FirstBoot);
+        n.attempt = 0;
+        let (n, _) = step(
+            &n,
+            Event::DeadlineExpired {
+                state: S::FirstBoot,
+                generation: n.generation,
+                attempt: 0,
+            },
+            &policy(),
+        );
+        assert_eq!(n.state, S::Failed);
+        assert_eq!(n.failure.map(|f| f.step), Some(Step::Stage(S::FirstBoot)));
+    }
+
+    #[test]
+    fn stale_generation_callbacks_are_refused() {
+        let p = policy();
+        for (state, got) in [
+            (S::Installing, 3),
+            (S::Installing, 5),
+            (S::FirstBoot, 3),
+            (S::Available, 3),
+        ] {
+            let n = node_in(state);
+            for e in [
+                Event::InstallerServed { generation: got },
+                Event::InstallFinished { generation: got },
+                Event::HealthPassed { generation: got },
+                Event::HealthFailed {
+                    generation: got,
+                    detail: "x".into(),
+                },
+                Event::FirstBootReported {
+                    generation: got,
+                    hostname: "h".into(),
+                    facts: "{}".into(),
+                },
+            ] {
+                assert_eq!(
+                    transition(&n, &e, &p),
+                    Err(TransitionError::StaleGeneration { current: 4, got }),
+                    "{state} {}",
+                    e.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stale_deadlines_and_bmc_answers_are_ignored() {
+        let p = policy();
+        let n = node_in(S::Netbooting);
+        for (state, generation, attempt) in [
+            (S::Reclaiming, 4, 1), // the node moved on
+            (S::Netbooting, 3, 1), // an older reinstall
+            (S::Netbooting, 4, 0), // before a retry
+        ] {
+            let e = Event::DeadlineExpired {
+                state,
+                generation,
+                attempt,
+            };
+            assert_eq!(
+                transition(&n, &e, &p),
+                Ok(Outcome::Ignored(Ignored::StaleDeadline))
+            );
+        }
+        // A BMC answer from before a retry must not advance the node.
+        let r = node_in(S::Reclaiming);
+        for e in [
+            Event::PowerCycled {
+                generation: 4,
+                attempt: 0,
+            },
+            Event::NetbootSet {
+                generation: 3,
+                attempt: 1,
+            },
+            Event::BmcStepFailed {
+                step: BmcStep::SetNetboot,
+                generation: 4,
+                attempt: 2,
+                reason: "late".into(),
+            },
+        ] {
+            assert_eq!(
+                transition(&r, &e, &p),
+                Ok(Outcome::Ignored(Ignored::StaleBmcResult)),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reinstall_during_reinstall_is_in_progress() {
+        let n = node_in(S::Reclaiming);
+        let e = Event::ReinstallRequested {
+            image: Some("other".into()),
+            token: token("tok-new"),
+        };
+        assert_eq!(
+            transition(&n, &e, &policy()),
+            Ok(Outcome::InProgress {
+                state: S::Reclaiming,
+                generation: 4
+            })
+        );
+    }
+
+    #[test]
+    fn reinstall_needs_an_image_and_keeps_the_old_one() {
+        let p = policy();
+        let mut n = node_in(S::Failed);
+        let e = Event::ReinstallRequested {
+            image: None,
+            token: token("t"),
+        };
+        let (r, _) = step(&n, e.clone(), &p);
+        assert_eq!(r.image.as_deref(), Some("debian-13"));
+        assert_eq!(r.failure, None, "a reinstall clears the failure");
+        n.image = None;
+        assert_eq!(transition(&n, &e, &p), Err(TransitionError::NoImage));
+    }
+
+    #[test]
+    fn health_needs_the_first_boot_report() {
+        let mut n = node_in(S::FirstBoot);
+        n.first_boot_reported = false;
+        assert_eq!(
+            transition(&n, &Event::HealthPassed { generation: 4 }, &policy()),
+            Err(TransitionError::FirstBootNotReported)
+        );
+    }
+
+    #[test]
+    fn quarantine_records_where_and_why() {
+        let (n, _) = step(
+            &node_in(S::Installing),
+            Event::Quarantined {
+                reason: "64 GiB, size says 128".into(),
+            },
+            &policy(),
+        );
+        assert_eq!(
+            n.failure,
+            Some(Failure {
+                step: Step::Stage(S::Installing),
+                reason: "64 GiB, size says 128".into()
+            })
+        );
+        assert_eq!((n.attempt, &n.token), (0, &None));
+        let (n, _) = step(&n, Event::Restored, &policy());
+        assert_eq!((n.state, n.failure), (S::Available, None));
+    }
+
+    #[test]
+    fn delayed_effects_go_stale_when_the_node_moves() {
+        let n = node_in(S::Reclaiming);
+        let cycle = Effect::PowerCycle {
+            generation: 4,
+            attempt: 1,
+            delay: SECS(10),
+        };
+        assert!(cycle.is_current(&n));
+        assert!(!cycle.is_current(&Node {
+            attempt: 2,
+            ..n.clone()
+        }));
+        assert!(!cycle.is_current(&node_in(S::Quarantined)));
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in State::ALL {
+            assert_eq!(s.as_str().parse::<State>(), Ok(s));
+            assert_eq!(s.to_string(), s.as_str());
+            assert_eq!(s.as_str().parse::<Step>(), Ok(Step::Stage(s)));
+            assert_eq!(State::ALL[s.index()], s);
+        }
+        for b in [BmcStep::SetNetboot, BmcStep::PowerCycle] {
+            assert_eq!(b.as_str().parse::<Step>(), Ok(Step::Bmc(b)));
+        }
+        assert!("booting".parse::<State>().is_err());
+        assert!("reboot".parse::<Step>().is_err());
+        // Audit names are unique and snake_case.
+        let names: Vec<_> = events_for(&node_in(S::Available))
+            .iter()
+            .map(Event::name)
+            .collect();
+        let mut dedup = names.clone();
+        dedup.sort_unstable();
+        dedup.dedup();
+        assert_eq!(dedup.len(), names.len());
+        assert!(
+            names
+                .iter()
+                .all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        );
+    }
+
+    #[test]
+    fn tokens_stay_out_of_logs_and_audit() {
+        let e = Event::ReinstallRequested {
+            image: Some("img".into()),
+            token: token("s3cr3t"),
+        };
+        assert!(!format!("{e:?}").contains("s3cr3t"));
+        assert!(!e.detail().unwrap_or_default().contains("s3cr3t"));
+        assert!(!format!("{:?}", node_in(S::Installing)).contains("tok-4"));
+    }
+
+    #[test]
+    fn policy_from_config_ignores_resting_states() {
+        let mut deadlines = std::collections::BTreeMap::new();
+        deadlines.insert("installing".to_string(), SECS(60));
+        deadlines.insert("available".to_string(), SECS(5));
+        let p = Policy::from_config(&LifecycleConfig {
+            deadlines,
+            max_attempts: 2,
+            backoff: SECS(3),
+        });
+        assert_eq!(p.deadline(S::Installing), Some(SECS(60)));
+        assert_eq!(p.deadline(S::Reclaiming), None);
+        assert_eq!(p.deadline(S::Available), None);
+        assert_eq!((p.max_attempts, p.backoff), (2, SECS(3)));
+    }
+}
