@@ -26,11 +26,20 @@ enum Cmd {
     Serve(ServerArgs),
     /// Print the validated configuration (secrets masked) and exit.
     CheckConfig(ServerArgs),
+    /// Nodes, through the HTTP API.
+    #[command(subcommand)]
+    Node(crate::client::NodeCmd),
+    /// Images: import from the catalog into the images dir (runs on the pxed host).
+    #[command(subcommand)]
+    Image(crate::client::ImageCmd),
+    /// BMCs: what a BMC advertises and whether its credentials work.
+    #[command(subcommand)]
+    Bmc(crate::client::BmcCmd),
 }
 
 /// Flags shared by `serve` and `check-config`.
 #[derive(Args, Debug, Clone)]
-struct ServerArgs {
+pub struct ServerArgs {
     /// TOML config file.
     #[arg(long, env = "PXED_CONFIG")]
     config: Option<PathBuf>,
@@ -100,7 +109,8 @@ impl ServerArgs {
         }
     }
 
-    fn load(&self) -> Result<config::Config, config::ConfigError> {
+    /// Loads the configuration these flags point at.
+    pub fn load(&self) -> Result<config::Config, config::ConfigError> {
         let file = self.config.clone().or_else(|| {
             let p = PathBuf::from("/etc/pxed/pxed.toml");
             (!self.demo && p.exists()).then_some(p)
@@ -140,6 +150,9 @@ pub fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Cmd::Node(c) => crate::client::run_node(c),
+        Cmd::Image(c) => crate::client::run_image(c),
+        Cmd::Bmc(c) => crate::client::run_bmc(c),
         Cmd::Serve(a) => {
             let cfg = match a.load() {
                 Ok(c) => c,

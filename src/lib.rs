@@ -8,6 +8,7 @@ pub mod app;
 pub mod bmc;
 pub mod boot;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod dhcp;
 pub mod http;

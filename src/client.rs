@@ -1,0 +1,564 @@
+//! Client subcommands: `pxed node ...` talks to the HTTP API; `pxed image ...` and
+//! `pxed bmc check` run on the pxed host against its store (BMC secrets never leave it).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use crate::cli::ServerArgs;
+
+/// Where the API is and how to authenticate.
+#[derive(Args, Debug, Clone)]
+pub struct ApiArgs {
+    /// Base URL of pxed's HTTP server.
+    #[arg(long, env = "PXED_URL", default_value = "http://127.0.0.1")]
+    url: String,
+    /// File holding the API token (else PXED_API_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `pxed node ...`.
+#[derive(Subcommand, Debug)]
+pub enum NodeCmd {
+    /// List nodes.
+    List(ApiArgs),
+    /// Show one node with its events (id, name, hostname or MAC).
+    Show {
+        node: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Register a node.
+    Add {
+        /// MAC addresses (the first is the boot NIC).
+        #[arg(long = "mac", required = true)]
+        macs: Vec<String>,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        arch: Option<String>,
+        /// BMC driver: redfish or ipmi.
+        #[arg(long, requires = "bmc_address")]
+        bmc_driver: Option<String>,
+        #[arg(long)]
+        bmc_address: Option<String>,
+        #[arg(long)]
+        bmc_user: Option<String>,
+        /// Environment variable holding the BMC password (never a flag: flags show in `ps`).
+        #[arg(long, default_value = "PXED_BMC_PASSWORD")]
+        bmc_password_env: String,
+        #[arg(long)]
+        bmc_system_id: Option<String>,
+        /// Accept any TLS certificate from this BMC (labs only).
+        #[arg(long)]
+        bmc_tls_insecure: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Delete a node.
+    Rm {
+        node: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Reinstall a node (idempotent with --idempotency-key).
+    Reinstall {
+        node: String,
+        #[arg(long)]
+        image: Option<String>,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+/// `pxed image ...`.
+#[derive(Subcommand, Debug)]
+pub enum ImageCmd {
+    /// Import an image from the catalog (downloads and checks each file's SHA-256).
+    Add {
+        /// Catalog name (e.g. rocky-9) or path of a definition file.
+        image: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// List imported images.
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Remove an imported image and its files.
+    Rm {
+        image: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+/// `pxed bmc ...`.
+#[derive(Subcommand, Debug)]
+pub enum BmcCmd {
+    /// Show what a node's BMC advertises and whether the credentials work.
+    Check {
+        /// Node (id, name, hostname or MAC); or give --driver/--address for an unregistered BMC.
+        node: Option<String>,
+        #[arg(long)]
+        driver: Option<String>,
+        #[arg(long)]
+        address: Option<String>,
+        #[arg(long)]
+        username: Option<String>,
+        /// Environment variable holding the password.
+        #[arg(long, default_value = "PXED_BMC_PASSWORD")]
+        password_env: String,
+        #[arg(long)]
+        system_id: Option<String>,
+        #[arg(long)]
+        tls_insecure: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+/// Client errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no API token: set PXED_API_TOKEN or --token-file")]
+    NoToken,
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot reach {url}: {source}")]
+    Http { url: String, source: reqwest::Error },
+    #[error("{status}: {error}: {detail}")]
+    Api {
+        status: u16,
+        error: String,
+        detail: String,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn finish(r: Result<(), ClientError>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Api {
+    url: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn new(a: &ApiArgs) -> Result<Api, ClientError> {
+        let token = match &a.token_file {
+            Some(p) => std::fs::read_to_string(p)
+                .map_err(|source| ClientError::Read {
+                    path: p.clone(),
+                    source,
+                })?
+                .trim()
+                .to_string(),
+            None => std::env::var("PXED_API_TOKEN").map_err(|_| ClientError::NoToken)?,
+        };
+        crate::bmc::install_crypto_provider();
+        Ok(Api {
+            url: a.url.trim_end_matches('/').to_string(),
+            token,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, String)],
+    ) -> Result<Value, ClientError> {
+        let url = format!("{}/api/v1{path}", self.url);
+        let mut req = self
+            .http
+            .request(method, &url)
+            .bearer_auth(&self.token);
+        for (k, v) in headers {
+            req = req.header(*k, v);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.map_err(|source| ClientError::Http {
+            url: url.clone(),
+            source,
+        })?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|source| ClientError::Http { url, source })?;
+        let v: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        if !status.is_success() {
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                error: v["error"].as_str().unwrap_or("error").to_string(),
+                detail: v["detail"].as_str().unwrap_or("").to_string(),
+            });
+        }
+        Ok(v)
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Prints rows as an aligned table.
+fn table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+fn node_row(n: &Value) -> Vec<String> {
+    let macs = n["macs"]
+        .as_array()
+        .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
+        .unwrap_or_default();
+    vec![
+        s(&n["id"]),
+        s(&n["hostname"]),
+        s(&n["state"]),
+        s(&n["since"]),
+        s(&n["generation"]),
+        s(&n["arch"]),
+        macs,
+        match (&n["failed_step"], &n["failed_reason"]) {
+            (Value::Null, _) => String::new(),
+            (st, r) => format!("{}: {}", s(st), s(r)),
+        },
+    ]
+}
+
+const NODE_HEADERS: &[&str] = &["ID", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "FAILED"];
+
+/// Runs `pxed node ...`.
+pub fn run_node(cmd: NodeCmd) -> ExitCode {
+    finish(rt().block_on(node(cmd)))
+}
+
+async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
+    use reqwest::Method;
+    match cmd {
+        NodeCmd::List(a) => {
+            let api = Api::new(&a)?;
+            let v = api.call(Method::GET, "/nodes", None, &[]).await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                let rows = v.as_array().cloned().unwrap_or_default();
+                table(NODE_HEADERS, rows.iter().map(node_row).collect());
+            }
+        }
+        NodeCmd::Show { node, api: a } => {
+            let api = Api::new(&a)?;
+            let v = api.call(Method::GET, &format!("/nodes/{node}"), None, &[]).await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                table(NODE_HEADERS, vec![node_row(&v)]);
+                if let Some(b) = v["bmc"].as_object() {
+                    println!(
+                        "\nBMC: {} {} user {} (tls pin {})",
+                        s(&b["driver"]),
+                        s(&b["address"]),
+                        s(&b["username"]),
+                        s(&b["tls_pin"])
+                    );
+                }
+                println!();
+                let ev = v["events"].as_array().cloned().unwrap_or_default();
+                table(
+                    &["AT", "GEN", "FROM", "EVENT", "TO", "ACTOR", "DETAIL"],
+                    ev.iter()
+                        .map(|e| {
+                            vec![
+                                s(&e["at"]),
+                                s(&e["generation"]),
+                                s(&e["from_state"]),
+                                s(&e["event"]),
+                                s(&e["to_state"]),
+                                s(&e["actor"]),
+                                s(&e["detail"]),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        NodeCmd::Add {
+            macs,
+            name,
+            arch,
+            bmc_driver,
+            bmc_address,
+            bmc_user,
+            bmc_password_env,
+            bmc_system_id,
+            bmc_tls_insecure,
+            api: a,
+        } => {
+            let api = Api::new(&a)?;
+            let mut body = serde_json::json!({ "macs": macs, "name": name, "arch": arch });
+            if let (Some(d), Some(addr)) = (bmc_driver, bmc_address) {
+                let password = std::env::var(&bmc_password_env).map_err(|_| {
+                    ClientError::Other(format!("set the BMC password in ${bmc_password_env}"))
+                })?;
+                body["bmc"] = serde_json::json!({
+                    "driver": d, "address": addr, "username": bmc_user.unwrap_or_default(),
+                    "password": password, "system_id": bmc_system_id, "tls_insecure": bmc_tls_insecure,
+                });
+            }
+            let v = api.call(Method::POST, "/nodes", Some(body), &[]).await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                table(NODE_HEADERS, vec![node_row(&v)]);
+            }
+        }
+        NodeCmd::Rm { node, api: a } => {
+            let api = Api::new(&a)?;
+            api.call(Method::DELETE, &format!("/nodes/{node}"), None, &[])
+                .await?;
+            if !a.json {
+                println!("deleted {node}");
+            }
+        }
+        NodeCmd::Reinstall {
+            node,
+            image,
+            idempotency_key,
+            api: a,
+        } => {
+            let api = Api::new(&a)?;
+            let headers: Vec<(&str, String)> = idempotency_key
+                .map(|k| vec![("Idempotency-Key", k)])
+                .unwrap_or_default();
+            let v = api
+                .call(
+                    Method::POST,
+                    &format!("/nodes/{node}/reinstall"),
+                    Some(serde_json::json!({ "image": image })),
+                    &headers,
+                )
+                .await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else if v["already_in_progress"].as_bool() == Some(true) {
+                println!(
+                    "node {} is already reinstalling: generation {}, {} since {}",
+                    s(&v["node_id"]),
+                    s(&v["generation"]),
+                    s(&v["state"]),
+                    s(&v["since"])
+                );
+            } else {
+                println!(
+                    "node {}: reinstall started, generation {}, state {}",
+                    s(&v["node_id"]),
+                    s(&v["generation"]),
+                    s(&v["state"])
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `pxed image ...`.
+pub fn run_image(cmd: ImageCmd) -> ExitCode {
+    finish(rt().block_on(image(cmd)))
+}
+
+async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
+    let server = match &cmd {
+        ImageCmd::Add { server, .. } | ImageCmd::List { server } | ImageCmd::Rm { server, .. } => {
+            server
+        }
+    };
+    let cfg = server.load().map_err(|e| ClientError::Other(e.to_string()))?;
+    let store = crate::store::Store::open(&cfg.data_dir)
+        .await
+        .map_err(|e| ClientError::Other(e.to_string()))?;
+    match cmd {
+        ImageCmd::Add { image, .. } => {
+            let def = crate::images::find(&cfg.images_catalog, &image)
+                .map_err(|e| ClientError::Other(e.to_string()))?;
+            let mirror = cfg.mirror_base.clone().ok_or_else(|| {
+                ClientError::Other("set mirror_base in the config (the local OS mirror)".into())
+            })?;
+            crate::bmc::install_crypto_provider();
+            let imported = crate::images::import(&def, &mirror, &cfg.images_dir)
+                .await
+                .map_err(|e| ClientError::Other(e.to_string()))?;
+            let family = match def.family {
+                crate::images::Family::Kickstart => "kickstart",
+                crate::images::Family::Autoinstall => "autoinstall",
+                crate::images::Family::Preseed => "preseed",
+            };
+            let stored = crate::app::StoredImage { def, imported };
+            let json = serde_json::to_string(&stored).map_err(|e| ClientError::Other(e.to_string()))?;
+            store
+                .put_image(&stored.def.name, family, &json)
+                .await
+                .map_err(|e| ClientError::Other(e.to_string()))?;
+            for (arch, a) in &stored.imported.arches {
+                println!(
+                    "{} {arch}: kernel {} bytes sha256 {}, initrd {} bytes sha256 {}",
+                    stored.def.name, a.kernel.size, a.kernel.sha256, a.initrd.size, a.initrd.sha256
+                );
+            }
+        }
+        ImageCmd::List { .. } => {
+            let rows = store
+                .images()
+                .await
+                .map_err(|e| ClientError::Other(e.to_string()))?;
+            table(
+                &["NAME", "FAMILY", "IMPORTED"],
+                rows.into_iter()
+                    .map(|r| vec![r.name, r.family, r.imported_at])
+                    .collect(),
+            );
+        }
+        ImageCmd::Rm { image, .. } => {
+            let removed = store
+                .delete_image(&image)
+                .await
+                .map_err(|e| ClientError::Other(e.to_string()))?;
+            if !removed {
+                return Err(ClientError::Other(format!("image {image} is not imported")));
+            }
+            let dir = cfg.images_dir.join(&image);
+            if dir.starts_with(&cfg.images_dir) && !image.contains("..") && !image.contains('/') {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            println!("removed {image}");
+        }
+    }
+    store.close().await;
+    Ok(())
+}
+
+/// Runs `pxed bmc ...`.
+pub fn run_bmc(cmd: BmcCmd) -> ExitCode {
+    finish(rt().block_on(bmc(cmd)))
+}
+
+async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
+    use crate::bmc::{BmcEndpoint, CallPolicy, Driver, Secret, TlsPolicy};
+    let BmcCmd::Check {
+        node,
+        driver,
+        address,
+        username,
+        password_env,
+        system_id,
+        tls_insecure,
+        server,
+    } = cmd;
+    crate::bmc::install_crypto_provider();
+    let ep = match (node, driver, address) {
+        (Some(node), _, _) => {
+            let cfg = server.load().map_err(|e| ClientError::Other(e.to_string()))?;
+            let store = crate::store::Store::open(&cfg.data_dir)
+                .await
+                .map_err(|e| ClientError::Other(e.to_string()))?;
+            let n = store
+                .find_node(&node)
+                .await
+                .map_err(|e| ClientError::Other(e.to_string()))?
+                .ok_or_else(|| ClientError::Other(format!("node {node} not found")))?;
+            let ep = crate::lifecycle::worker::StoreBmcs::default()
+                .endpoint(&store, n.id)
+                .await
+                .map_err(|e| ClientError::Other(e.to_string()))?;
+            store.close().await;
+            ep
+        }
+        (None, Some(d), Some(address)) => BmcEndpoint {
+            driver: match d.as_str() {
+                "redfish" => Driver::Redfish,
+                "ipmi" => Driver::Ipmi,
+                _ => return Err(ClientError::Other("--driver is redfish or ipmi".into())),
+            },
+            address,
+            username: username.unwrap_or_default(),
+            password: Secret::new(std::env::var(&password_env).unwrap_or_default()),
+            system_id,
+            match_mac: None,
+            match_uuid: None,
+            tls: if tls_insecure {
+                TlsPolicy::Insecure
+            } else {
+                TlsPolicy::Pinned(None)
+            },
+            policy: CallPolicy::default(),
+        },
+        _ => {
+            return Err(ClientError::Other(
+                "name a node, or give --driver and --address".into(),
+            ));
+        }
+    };
+    println!("BMC {} at {} as {}", ep.driver, ep.address, ep.username);
+    match crate::bmc::check(&ep).await {
+        Ok(report) => {
+            println!("{report}");
+            Ok(())
+        }
+        Err(e) => Err(ClientError::Other(format!("check failed: {e}"))),
+    }
+}
