@@ -1,1 +1,845 @@
-//! BMC drivers (Redfish, IPMI).
+//! BMC drivers (Redfish, IPMI): set a one-time network boot, read it back, power-cycle.
+//!
+//! Reclaiming a node only works if it really reboots into the network, and BMCs fail in
+//! quiet ways: they answer 200 and ignore the override, reject fields other vendors
+//! require, time out, or apply a reset long after they acknowledged it. Every driver
+//! therefore reads back what it wrote and observes the power state it asked for, and
+//! ends in a typed [`BmcError`] when it cannot prove the action landed.
+//!
+//! Power rule (both drivers), for `power_cycle`:
+//! - node Off: power it on and wait until the BMC reports On.
+//! - node On, a restart-style reset (Redfish `PowerCycle`/`ForceRestart`, IPMI chassis
+//!   cycle) answered with success: poll. A transition (any state other than On) followed
+//!   by On is success. A transition not followed by On before `power_deadline` is
+//!   [`BmcError::PowerDidNotChange`]. When no transition is seen within
+//!   `restart_observe` and the BMC still says On, the reset is accepted (2xx + final On)
+//!   with a warning: a fast restart and an ignored one look the same from outside.
+//! - node On, no restart offered: off, wait for Off, on, wait for On; each wait bounded by
+//!   `power_deadline`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+pub mod ipmi;
+pub mod redfish;
+
+/// Which protocol talks to the BMC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// DMTF Redfish over HTTP(S).
+    Redfish,
+    /// IPMI 2.0 over LAN (RMCP+, "lanplus").
+    Ipmi,
+}
+
+impl fmt::Display for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Driver::Redfish => "redfish",
+            Driver::Ipmi => "ipmi",
+        })
+    }
+}
+
+/// A secret string (BMC password). Debug and Display print `********`; read it with
+/// [`Secret::expose`] only where it goes on the wire.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret itself, for the wire only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("********")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("********")
+    }
+}
+
+/// How the Redfish driver trusts the BMC's TLS certificate (BMCs use self-signed ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// Pin the SHA-256 of the leaf certificate. `None` = first use: any certificate is
+    /// accepted and its fingerprint is reported by [`Bmc::tls_fingerprint`] so the caller
+    /// can store it; `Some(hex)` = any other certificate is
+    /// [`BmcError::CertificateMismatch`].
+    Pinned(Option<String>),
+    /// Accept any certificate (labs only; set per node, logged on every connection).
+    Insecure,
+}
+
+/// Timeouts, retries and deadlines for one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallPolicy {
+    /// Bound on one request (one HTTP exchange, one IPMI command incl. retransmits).
+    pub request_timeout: Duration,
+    /// Extra attempts after a retryable failure (unreachable, timeout, 5xx).
+    pub retries: u32,
+    /// First backoff between attempts; doubles each time.
+    pub backoff: Duration,
+    /// Attempts to write the boot override before [`BmcError::OverrideNotApplied`].
+    pub override_attempts: u32,
+    /// How long a power action may take to show in the power state.
+    pub power_deadline: Duration,
+    /// How long to look for a transition after a restart-style reset (see module docs).
+    pub restart_observe: Duration,
+    /// Interval between power-state polls.
+    pub poll_interval: Duration,
+}
+
+impl Default for CallPolicy {
+    fn default() -> Self {
+        CallPolicy {
+            request_timeout: Duration::from_secs(20),
+            retries: 3,
+            backoff: Duration::from_millis(500),
+            override_attempts: 3,
+            power_deadline: Duration::from_secs(180),
+            restart_observe: Duration::from_secs(15),
+            poll_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Everything needed to reach one node's BMC.
+#[derive(Debug, Clone)]
+pub struct BmcEndpoint {
+    /// Protocol.
+    pub driver: Driver,
+    /// Redfish: `https://host[:port]` (or `http://` for labs/emulators); a bare host means
+    /// https. IPMI: `host[:port]` (default port 623).
+    pub address: String,
+    /// BMC user.
+    pub username: String,
+    /// BMC password; never logged.
+    pub password: Secret,
+    /// Redfish ComputerSystem id (or its full `@odata.id` path).
+    pub system_id: Option<String>,
+    /// Redfish: pick the system that has an EthernetInterface with this MAC.
+    pub match_mac: Option<String>,
+    /// Redfish: pick the system with this UUID.
+    pub match_uuid: Option<String>,
+    /// TLS trust (Redfish over https).
+    pub tls: TlsPolicy,
+    /// Timeouts and retries.
+    pub policy: CallPolicy,
+}
+
+/// Power state as the BMC reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PowerState {
+    /// Powered on.
+    On,
+    /// Powered off.
+    Off,
+    /// Redfish `PoweringOn`.
+    PoweringOn,
+    /// Redfish `PoweringOff`.
+    PoweringOff,
+    /// Anything else the BMC said (e.g. Redfish `Paused`).
+    Other(String),
+}
+
+impl fmt::Display for PowerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PowerState::On => f.write_str("On"),
+            PowerState::Off => f.write_str("Off"),
+            PowerState::PoweringOn => f.write_str("PoweringOn"),
+            PowerState::PoweringOff => f.write_str("PoweringOff"),
+            PowerState::Other(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// Where the next boot should go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootTarget {
+    /// Network boot via PXE.
+    Pxe,
+    /// UEFI HTTP boot; `url` is written to `HttpBootUri` where the BMC has it.
+    UefiHttp {
+        /// URL of the boot program.
+        url: String,
+    },
+}
+
+/// Firmware boot mode for the override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootMode {
+    /// UEFI.
+    Uefi,
+    /// Legacy BIOS.
+    Legacy,
+}
+
+/// A boot override request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextBoot {
+    /// Device.
+    pub target: BootTarget,
+    /// Firmware mode.
+    pub mode: BootMode,
+    /// Next boot only (reclaim always uses `true`).
+    pub once: bool,
+}
+
+impl NextBoot {
+    /// One-time UEFI PXE boot, the reclaim default.
+    pub fn pxe_once() -> Self {
+        NextBoot {
+            target: BootTarget::Pxe,
+            mode: BootMode::Uefi,
+            once: true,
+        }
+    }
+}
+
+/// Whether the override is active, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OverrideEnabled {
+    /// Not active.
+    Disabled,
+    /// Next boot only.
+    Once,
+    /// Every boot.
+    Continuous,
+    /// Something else.
+    Other(String),
+}
+
+/// The boot override as the BMC reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootOverride {
+    /// Target device in the BMC's words (`Pxe`, `Hdd`, `UefiHttp`, `None`, ...).
+    pub target: String,
+    /// Enabled state.
+    pub enabled: OverrideEnabled,
+    /// Firmware mode where reported.
+    pub mode: Option<BootMode>,
+    /// Redfish `HttpBootUri` where reported.
+    pub http_uri: Option<String>,
+}
+
+impl fmt::Display for BootOverride {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "target={} enabled={:?}", self.target, self.enabled)?;
+        if let Some(m) = self.mode {
+            write!(f, " mode={m:?}")?;
+        }
+        if let Some(u) = &self.http_uri {
+            write!(f, " uri={u}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether the configured credentials were accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// Accepted; `how` says which auth was used (session, basic, RAKP cipher suite).
+    Accepted {
+        /// Auth method.
+        how: String,
+    },
+    /// Refused, with the BMC's message.
+    Refused {
+        /// What the BMC said.
+        message: String,
+    },
+}
+
+/// What a BMC advertises, for `pxed bmc check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Driver.
+    pub driver: Driver,
+    /// Address as configured.
+    pub address: String,
+    /// Credential result.
+    pub credentials: Credentials,
+    /// Product / firmware / system the BMC describes itself as.
+    pub identity: Option<String>,
+    /// Redfish ComputerSystem path that was selected.
+    pub system: Option<String>,
+    /// Current power state.
+    pub power: Option<PowerState>,
+    /// Reset types offered (Redfish `ResetType@Redfish.AllowableValues`, IPMI chassis control).
+    pub reset_types: Vec<String>,
+    /// The reset that `power_cycle` would use first.
+    pub cycle_plan: Option<String>,
+    /// Boot override targets offered.
+    pub boot_targets: Vec<String>,
+    /// Boot modes offered (empty when the BMC has no mode field).
+    pub boot_modes: Vec<String>,
+    /// Current override.
+    pub boot_override: Option<BootOverride>,
+    /// SHA-256 of the TLS leaf certificate, when https.
+    pub tls_fingerprint: Option<String>,
+    /// Warnings for the technician.
+    pub notes: Vec<String>,
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "(none advertised)".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        writeln!(f, "BMC {} ({})", self.address, self.driver)?;
+        match &self.credentials {
+            Credentials::Accepted { how } => writeln!(f, "  credentials:  OK ({how})")?,
+            Credentials::Refused { message } => writeln!(f, "  credentials:  REFUSED: {message}")?,
+        }
+        if let Some(i) = &self.identity {
+            writeln!(f, "  identity:     {i}")?;
+        }
+        if let Some(s) = &self.system {
+            writeln!(f, "  system:       {s}")?;
+        }
+        if let Some(p) = &self.power {
+            writeln!(f, "  power:        {p}")?;
+        }
+        if let Credentials::Accepted { .. } = self.credentials {
+            writeln!(f, "  reset types:  {}", list(&self.reset_types))?;
+            if let Some(p) = &self.cycle_plan {
+                writeln!(f, "  power cycle:  {p}")?;
+            }
+            writeln!(f, "  boot targets: {}", list(&self.boot_targets))?;
+            writeln!(f, "  boot modes:   {}", list(&self.boot_modes))?;
+            if let Some(o) = &self.boot_override {
+                writeln!(f, "  override now: {o}")?;
+            }
+        }
+        if let Some(fp) = &self.tls_fingerprint {
+            writeln!(f, "  tls sha256:   {fp}")?;
+        }
+        for n in &self.notes {
+            writeln!(f, "  note:         {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The step a driver was in when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Opening a connection / session.
+    Connect,
+    /// Authenticating.
+    Login,
+    /// Locating the ComputerSystem.
+    FindSystem,
+    /// Reading the power state.
+    PowerState,
+    /// Writing the boot override.
+    SetBoot,
+    /// Reading the boot override back.
+    ReadBoot,
+    /// Sending a power action.
+    Power,
+    /// Reading what the BMC advertises.
+    Check,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Connect => "connect",
+            Step::Login => "login",
+            Step::FindSystem => "find system",
+            Step::PowerState => "power state",
+            Step::SetBoot => "set boot override",
+            Step::ReadBoot => "read boot override",
+            Step::Power => "power action",
+            Step::Check => "check",
+        })
+    }
+}
+
+/// Why a BMC operation failed. Messages never contain the password.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BmcError {
+    /// Nothing answered at the address.
+    #[error("{driver} BMC {address} unreachable during {step}: {message}")]
+    Unreachable {
+        /// Driver.
+        driver: Driver,
+        /// Step.
+        step: Step,
+        /// Address.
+        address: String,
+        /// Transport error.
+        message: String,
+    },
+    /// Credentials refused.
+    #[error("{driver} BMC refused the credentials during {step}: {message}")]
+    AuthRefused {
+        /// Driver.
+        driver: Driver,
+        /// Step.
+        step: Step,
+        /// BMC's message.
+        message: String,
+    },
+    /// The BMC does not offer what was asked.
+    #[error("{driver} BMC does not support {what} ({step})")]
+    NotSupported {
+        /// Driver.
+        driver: Driver,
+        /// Step.
+        step: Step,
+        /// What is missing.
+        what: String,
+    },
+    /// No system matched the configured id / MAC / UUID.
+    #[error("{driver} BMC has no system matching {wanted}; found: {found}")]
+    SystemNotFound {
+        /// Driver.
+        driver: Driver,
+        /// What was configured.
+        wanted: String,
+        /// What the BMC lists.
+        found: String,
+    },
+    /// The override was written but reading it back shows something else.
+    #[error(
+        "{driver} BMC did not apply the boot override after {attempts} attempts: wanted {wanted}, reads back {got}"
+    )]
+    OverrideNotApplied {
+        /// Driver.
+        driver: Driver,
+        /// What was written.
+        wanted: String,
+        /// What was read back.
+        got: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A power action was acknowledged but the power state did not follow.
+    #[error("{driver} BMC acknowledged {action} but power stayed {last} for {waited:?}")]
+    PowerDidNotChange {
+        /// Driver.
+        driver: Driver,
+        /// Action sent.
+        action: String,
+        /// Last power state seen.
+        last: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// A request did not complete in time.
+    #[error("{driver} BMC timed out after {after:?} during {step}")]
+    Timeout {
+        /// Driver.
+        driver: Driver,
+        /// Step.
+        step: Step,
+        /// Timeout.
+        after: Duration,
+    },
+    /// The BMC's TLS certificate is not the pinned one.
+    #[error("{driver} BMC certificate changed: pinned sha256 {pinned}, presented {presented}")]
+    CertificateMismatch {
+        /// Driver.
+        driver: Driver,
+        /// Stored pin.
+        pinned: String,
+        /// What the BMC presented.
+        presented: String,
+    },
+    /// The BMC answered something we could not use.
+    #[error("{driver} BMC protocol error during {step}{}: {message}", .status.map(|s| format!(" (status {s})")).unwrap_or_default())]
+    Protocol {
+        /// Driver.
+        driver: Driver,
+        /// Step.
+        step: Step,
+        /// HTTP status or IPMI completion code.
+        status: Option<u16>,
+        /// BMC's message or the parse error.
+        message: String,
+    },
+}
+
+impl BmcError {
+    /// Whether trying again may help (transport trouble, 5xx), as opposed to a definite no.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            BmcError::Unreachable { .. } | BmcError::Timeout { .. } => true,
+            // 501 Not Implemented is a definite answer (sushy's PowerCycle): fall back, don't retry.
+            BmcError::Protocol { status, .. } => status.is_none_or(|s| s >= 500 && s != 501),
+            _ => false,
+        }
+    }
+
+    /// Short machine-friendly kind, for metrics and the node's failure reason.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BmcError::Unreachable { .. } => "unreachable",
+            BmcError::AuthRefused { .. } => "auth_refused",
+            BmcError::NotSupported { .. } => "not_supported",
+            BmcError::SystemNotFound { .. } => "system_not_found",
+            BmcError::OverrideNotApplied { .. } => "override_not_applied",
+            BmcError::PowerDidNotChange { .. } => "power_did_not_change",
+            BmcError::Timeout { .. } => "timeout",
+            BmcError::CertificateMismatch { .. } => "certificate_mismatch",
+            BmcError::Protocol { .. } => "protocol",
+        }
+    }
+}
+
+/// One node's BMC. Every method is bounded by the endpoint's [`CallPolicy`].
+pub trait Bmc: fmt::Debug + Send + Sync {
+    /// Driver in use.
+    fn driver(&self) -> Driver;
+    /// Current power state.
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>>;
+    /// Writes the boot override, reads it back, retries, or fails with
+    /// [`BmcError::OverrideNotApplied`]. Returns what was read back.
+    fn set_next_boot(&self, next: NextBoot) -> BoxFuture<'_, Result<BootOverride, BmcError>>;
+    /// Reads the boot override.
+    fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>>;
+    /// Restarts the node (or powers it on when off) and observes it (see module docs).
+    fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>>;
+    /// Powers on and waits for On.
+    fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>>;
+    /// Powers off (forced) and waits for Off.
+    fn power_off(&self) -> BoxFuture<'_, Result<(), BmcError>>;
+    /// What the BMC advertises, and whether the credentials work. Credential refusal is
+    /// reported in the [`CheckReport`], not as an error.
+    fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>>;
+    /// SHA-256 (lowercase hex) of the TLS certificate seen, for the caller to pin.
+    fn tls_fingerprint(&self) -> Option<String> {
+        None
+    }
+    /// Ends the BMC session, if one was opened (BMCs have few session slots).
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// Builds the driver for an endpoint. Does no I/O: sessions open on first use.
+pub fn connect(ep: &BmcEndpoint) -> Result<Arc<dyn Bmc>, BmcError> {
+    match ep.driver {
+        Driver::Redfish => Ok(Arc::new(redfish::RedfishBmc::new(ep)?)),
+        Driver::Ipmi => Ok(Arc::new(ipmi::IpmiBmc::new(ep)?)),
+    }
+}
+
+/// `pxed bmc check`: connect and report what the BMC offers.
+pub async fn check(ep: &BmcEndpoint) -> Result<CheckReport, BmcError> {
+    let bmc = connect(ep)?;
+    let r = bmc.check().await;
+    bmc.close().await;
+    r
+}
+
+/// The reclaim effect: one-time network boot, read back, then power cycle.
+/// Returns the override as read back.
+pub async fn netboot_and_cycle(bmc: &dyn Bmc, next: NextBoot) -> Result<BootOverride, BmcError> {
+    let got = bmc.set_next_boot(next).await?;
+    bmc.power_cycle().await?;
+    Ok(got)
+}
+
+/// Runs `op` with the per-request timeout, retrying retryable failures with doubling
+/// backoff.
+pub(crate) async fn with_retries<T, F, Fut>(
+    policy: &CallPolicy,
+    driver: Driver,
+    step: Step,
+    mut op: F,
+) -> Result<T, BmcError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, BmcError>>,
+{
+    let mut delay = policy.backoff;
+    let mut attempt = 0;
+    loop {
+        let r = match tokio::time::timeout(policy.request_timeout, op()).await {
+            Ok(r) => r,
+            Err(_) => Err(BmcError::Timeout {
+                driver,
+                step,
+                after: policy.request_timeout,
+            }),
+        };
+        match r {
+            Err(e) if e.is_retryable() && attempt < policy.retries => {
+                attempt += 1;
+                tracing::debug!(%driver, %step, attempt, error = %e, "BMC call failed, retrying");
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2);
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Polls `read` until `done` holds or `deadline` passes; returns the last state and
+/// whether it was reached.
+pub(crate) async fn poll_power<F, Fut>(
+    policy: &CallPolicy,
+    deadline: Duration,
+    mut read: F,
+    mut done: impl FnMut(&PowerState) -> bool,
+) -> Result<(PowerState, bool), BmcError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<PowerState, BmcError>>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        let s = read().await?;
+        if done(&s) {
+            return Ok((s, true));
+        }
+        if tokio::time::Instant::now() + policy.poll_interval > end {
+            return Ok((s, false));
+        }
+        tokio::time::sleep(policy.poll_interval).await;
+    }
+}
+
+/// After a restart-style action was acknowledged: apply the rule in the module docs.
+pub(crate) async fn observe_restart<F, Fut>(
+    policy: &CallPolicy,
+    driver: Driver,
+    action: &str,
+    mut read: F,
+) -> Result<(), BmcError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<PowerState, BmcError>>,
+{
+    let start = tokio::time::Instant::now();
+    let (s, seen) = poll_power(policy, policy.restart_observe, &mut read, |s| {
+        *s != PowerState::On
+    })
+    .await?;
+    if !seen {
+        if s == PowerState::On {
+            tracing::warn!(%driver, action, "restart not observed (no transition within the observe window); accepting the acknowledged reset and final On");
+            return Ok(());
+        }
+        return Err(BmcError::PowerDidNotChange {
+            driver,
+            action: action.into(),
+            last: s.to_string(),
+            waited: start.elapsed(),
+        });
+    }
+    let rest = policy.power_deadline.saturating_sub(start.elapsed());
+    let (s, on) = poll_power(policy, rest, &mut read, |s| *s == PowerState::On).await?;
+    if on {
+        Ok(())
+    } else {
+        Err(BmcError::PowerDidNotChange {
+            driver,
+            action: action.into(),
+            last: s.to_string(),
+            waited: start.elapsed(),
+        })
+    }
+}
+
+/// Waits until the power state is `want`, else [`BmcError::PowerDidNotChange`].
+pub(crate) async fn await_power<F, Fut>(
+    policy: &CallPolicy,
+    driver: Driver,
+    action: &str,
+    want: PowerState,
+    read: F,
+) -> Result<(), BmcError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<PowerState, BmcError>>,
+{
+    let start = tokio::time::Instant::now();
+    let (s, ok) = poll_power(policy, policy.power_deadline, read, |s| *s == want).await?;
+    if ok {
+        Ok(())
+    } else {
+        Err(BmcError::PowerDidNotChange {
+            driver,
+            action: action.into(),
+            last: s.to_string(),
+            waited: start.elapsed(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn policy() -> CallPolicy {
+        CallPolicy {
+            request_timeout: Duration::from_millis(100),
+            retries: 2,
+            backoff: Duration::from_millis(1),
+            override_attempts: 2,
+            power_deadline: Duration::from_millis(100),
+            restart_observe: Duration::from_millis(30),
+            poll_interval: Duration::from_millis(10),
+        }
+    }
+
+    fn script(
+        states: &[&str],
+    ) -> impl FnMut() -> futures::future::Ready<Result<PowerState, BmcError>> {
+        let v: Vec<PowerState> = states
+            .iter()
+            .map(|s| match *s {
+                "On" => PowerState::On,
+                "Off" => PowerState::Off,
+                o => PowerState::Other(o.into()),
+            })
+            .collect();
+        let i = Mutex::new(0usize);
+        move || {
+            let mut i = i.lock().unwrap();
+            let s = v[(*i).min(v.len() - 1)].clone();
+            *i += 1;
+            futures::future::ready(Ok(s))
+        }
+    }
+
+    #[test]
+    fn secret_is_masked() {
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s:?} {s}"), "******** ********");
+        let ep = BmcEndpoint {
+            driver: Driver::Ipmi,
+            address: "h".into(),
+            username: "u".into(),
+            password: s,
+            system_id: None,
+            match_mac: None,
+            match_uuid: None,
+            tls: TlsPolicy::Insecure,
+            policy: CallPolicy::default(),
+        };
+        assert!(!format!("{ep:?}").contains("hunter2"));
+    }
+
+    #[tokio::test]
+    async fn restart_observed_transition_then_on() {
+        let r = observe_restart(
+            &policy(),
+            Driver::Redfish,
+            "ForceRestart",
+            script(&["On", "Off", "Off", "On"]),
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn restart_transition_without_on_fails() {
+        let r = observe_restart(
+            &policy(),
+            Driver::Redfish,
+            "ForceRestart",
+            script(&["On", "Off"]),
+        )
+        .await;
+        assert!(
+            matches!(r, Err(BmcError::PowerDidNotChange { ref last, .. }) if last == "Off"),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn restart_unobserved_but_on_is_accepted() {
+        let r = observe_restart(&policy(), Driver::Redfish, "ForceRestart", script(&["On"])).await;
+        assert!(r.is_ok());
+    }
+
+    #[tokio::test]
+    async fn await_power_deadline() {
+        let start = tokio::time::Instant::now();
+        let r = await_power(
+            &policy(),
+            Driver::Ipmi,
+            "on",
+            PowerState::On,
+            script(&["Off"]),
+        )
+        .await;
+        assert!(matches!(r, Err(BmcError::PowerDidNotChange { .. })));
+        assert!(start.elapsed() <= Duration::from_millis(150));
+    }
+
+    #[tokio::test]
+    async fn retries_stop_on_definite_errors() {
+        let n = Mutex::new(0);
+        let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
+            *n.lock().unwrap() += 1;
+            futures::future::ready(Err(BmcError::Protocol {
+                driver: Driver::Redfish,
+                step: Step::SetBoot,
+                status: Some(400),
+                message: "bad".into(),
+            }))
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(*n.lock().unwrap(), 1);
+        let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
+            *n.lock().unwrap() += 1;
+            futures::future::ready(Err(BmcError::Protocol {
+                driver: Driver::Redfish,
+                step: Step::SetBoot,
+                status: Some(500),
+                message: "oops".into(),
+            }))
+        })
+        .await;
+        assert!(matches!(
+            r,
+            Err(BmcError::Protocol {
+                status: Some(500),
+                ..
+            })
+        ));
+        assert_eq!(*n.lock().unwrap(), 1 + 3);
+    }
+
+    #[tokio::test]
+    async fn timeout_is_typed() {
+        let r: Result<(), _> = with_retries(&policy(), Driver::Ipmi, Step::Power, || {
+            futures::future::pending::<Result<(), BmcError>>()
+        })
+        .await;
+        assert!(matches!(
+            r,
+            Err(BmcError::Timeout {
+                step: Step::Power,
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,1127 @@
+//! Redfish driver: hand-written calls over reqwest + rustls (ring), serde_json bodies.
+//!
+//! Only fields the system advertises are written: BMCs differ in what they require and
+//! what they reject, and many answer 2xx to a PATCH they then ignore, so every write is
+//! read back.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use reqwest::{Method, StatusCode};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::{
+    Bmc, BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
+    Credentials, Driver, NextBoot, OverrideEnabled, PowerState, Secret, Step, TlsPolicy,
+    await_power, observe_restart, with_retries,
+};
+
+const D: Driver = Driver::Redfish;
+
+/// Normalizes a certificate fingerprint to lowercase hex without separators.
+pub fn normalize_fingerprint(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+/// SHA-256 of a DER certificate, lowercase hex.
+pub fn fingerprint(der: &[u8]) -> String {
+    hex::encode(Sha256::digest(der))
+}
+
+/// Records the leaf certificate's fingerprint and enforces the pin. The handshake
+/// signature is still verified against the presented key, so a pinned certificate
+/// proves the peer holds its private key.
+#[derive(Debug)]
+struct PinVerifier {
+    pinned: Option<String>,
+    seen: Arc<Mutex<Option<String>>>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let fp = fingerprint(end_entity.as_ref());
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(fp.clone());
+        match &self.pinned {
+            Some(p) if *p != fp => Err(rustls::Error::General(
+                "BMC certificate does not match the pinned fingerprint".into(),
+            )),
+            _ => Ok(ServerCertVerified::assertion()),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[derive(Clone)]
+enum Auth {
+    Basic,
+    Session {
+        token: Secret,
+        location: Option<String>,
+    },
+}
+
+struct Resp {
+    etag: Option<String>,
+    body: Value,
+}
+
+/// Redfish BMC driver. Build it with [`super::connect`].
+pub struct RedfishBmc {
+    base: String,
+    username: String,
+    password: Secret,
+    system_id: Option<String>,
+    match_mac: Option<String>,
+    match_uuid: Option<String>,
+    pinned: Option<String>,
+    insecure: bool,
+    policy: CallPolicy,
+    client: reqwest::Client,
+    seen_fp: Arc<Mutex<Option<String>>>,
+    auth: tokio::sync::Mutex<Option<Auth>>,
+    system: tokio::sync::OnceCell<String>,
+}
+
+impl fmt::Debug for RedfishBmc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedfishBmc")
+            .field("base", &self.base)
+            .field("username", &self.username)
+            .field("password", &self.password)
+            .field("system", &self.system.get())
+            .field("pinned", &self.pinned)
+            .field("insecure", &self.insecure)
+            .finish_non_exhaustive()
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// The BMC's own message from a Redfish error body, else the raw text (truncated).
+fn bmc_message(body: &str) -> String {
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        let e = &v["error"];
+        let mut parts = vec![];
+        if let Some(m) = e["message"].as_str() {
+            parts.push(m.to_string());
+        }
+        if let Some(list) = e["@Message.ExtendedInfo"].as_array() {
+            for i in list {
+                if let Some(m) = i["Message"].as_str() {
+                    parts.push(m.to_string());
+                }
+            }
+        }
+        if !parts.is_empty() {
+            return parts.join("; ");
+        }
+    }
+    body.chars().take(300).collect()
+}
+
+fn strings(v: &Value) -> Option<Vec<String>> {
+    v.as_array().map(|a| {
+        a.iter()
+            .filter_map(|x| x.as_str().map(String::from))
+            .collect()
+    })
+}
+
+fn parse_power(v: &Value) -> PowerState {
+    match v["PowerState"].as_str() {
+        Some("On") => PowerState::On,
+        Some("Off") => PowerState::Off,
+        Some("PoweringOn") => PowerState::PoweringOn,
+        Some("PoweringOff") => PowerState::PoweringOff,
+        Some(o) => PowerState::Other(o.into()),
+        None => PowerState::Other("(not reported)".into()),
+    }
+}
+
+fn parse_boot(v: &Value) -> BootOverride {
+    let b = &v["Boot"];
+    BootOverride {
+        target: b["BootSourceOverrideTarget"]
+            .as_str()
+            .unwrap_or("(not reported)")
+            .into(),
+        enabled: match b["BootSourceOverrideEnabled"].as_str() {
+            Some("Disabled") => OverrideEnabled::Disabled,
+            Some("Once") => OverrideEnabled::Once,
+            Some("Continuous") => OverrideEnabled::Continuous,
+            Some(o) => OverrideEnabled::Other(o.into()),
+            None => OverrideEnabled::Other("(not reported)".into()),
+        },
+        mode: match b["BootSourceOverrideMode"].as_str() {
+            Some("UEFI") => Some(BootMode::Uefi),
+            Some("Legacy") => Some(BootMode::Legacy),
+            _ => None,
+        },
+        http_uri: b["HttpBootUri"].as_str().map(String::from),
+    }
+}
+
+fn mode_name(m: BootMode) -> &'static str {
+    match m {
+        BootMode::Uefi => "UEFI",
+        BootMode::Legacy => "Legacy",
+    }
+}
+
+/// Builds the PATCH body from what the system advertises. Pure, so it is unit-tested.
+fn boot_patch(system: &Value, next: &NextBoot) -> Result<(Value, Vec<String>), BmcError> {
+    let boot = system
+        .get("Boot")
+        .filter(|b| b.is_object())
+        .ok_or(BmcError::NotSupported {
+            driver: D,
+            step: Step::SetBoot,
+            what: "boot override (the system has no Boot object)".into(),
+        })?;
+    let mut notes = vec![];
+    let target = match next.target {
+        BootTarget::Pxe => "Pxe",
+        BootTarget::UefiHttp { .. } => "UefiHttp",
+    };
+    match strings(&boot["BootSourceOverrideTarget@Redfish.AllowableValues"]) {
+        Some(allowed) if !allowed.iter().any(|a| a == target) => {
+            return Err(BmcError::NotSupported {
+                driver: D,
+                step: Step::SetBoot,
+                what: format!("boot target {target} (offers: {})", allowed.join(", ")),
+            });
+        }
+        Some(_) => {}
+        None => notes.push("BootSourceOverrideTarget allowable values not advertised".into()),
+    }
+    let mut b = serde_json::Map::new();
+    b.insert("BootSourceOverrideTarget".into(), json!(target));
+    b.insert(
+        "BootSourceOverrideEnabled".into(),
+        json!(if next.once { "Once" } else { "Continuous" }),
+    );
+    if boot.get("BootSourceOverrideMode").is_some() {
+        let mode = mode_name(next.mode);
+        if let Some(allowed) = strings(&boot["BootSourceOverrideMode@Redfish.AllowableValues"])
+            && !allowed.iter().any(|a| a == mode)
+        {
+            return Err(BmcError::NotSupported {
+                driver: D,
+                step: Step::SetBoot,
+                what: format!("boot mode {mode} (offers: {})", allowed.join(", ")),
+            });
+        }
+        b.insert("BootSourceOverrideMode".into(), json!(mode));
+    } else {
+        notes.push("no BootSourceOverrideMode: firmware picks the mode".into());
+    }
+    if let BootTarget::UefiHttp { url } = &next.target {
+        if boot.get("HttpBootUri").is_some() {
+            b.insert("HttpBootUri".into(), json!(url));
+        } else {
+            notes.push("no HttpBootUri: the firmware takes the URL from DHCP".into());
+        }
+    }
+    Ok((json!({ "Boot": Value::Object(b) }), notes))
+}
+
+/// Whether the read-back matches what was written (see `set_next_boot`).
+fn override_matches(patch: &Value, got: &BootOverride) -> bool {
+    let b = &patch["Boot"];
+    if b["BootSourceOverrideTarget"].as_str() != Some(got.target.as_str()) {
+        return false;
+    }
+    // sushy (and some vendors) report Once as Continuous: anything but Disabled counts.
+    if got.enabled == OverrideEnabled::Disabled {
+        return false;
+    }
+    if let Some(m) = b["BootSourceOverrideMode"].as_str()
+        && got.mode.map(mode_name) != Some(m)
+    {
+        return false;
+    }
+    if let Some(u) = b["HttpBootUri"].as_str()
+        && got.http_uri.as_deref() != Some(u)
+    {
+        return false;
+    }
+    true
+}
+
+impl RedfishBmc {
+    /// Builds the HTTP client; no I/O.
+    pub fn new(ep: &BmcEndpoint) -> Result<Self, BmcError> {
+        let base = if ep.address.contains("://") {
+            ep.address.trim_end_matches('/').to_string()
+        } else {
+            format!("https://{}", ep.address.trim_end_matches('/'))
+        };
+        let (pinned, insecure) = match &ep.tls {
+            TlsPolicy::Pinned(p) => (p.as_deref().map(normalize_fingerprint), false),
+            TlsPolicy::Insecure => (None, true),
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let seen_fp = Arc::new(Mutex::new(None));
+        let verifier = PinVerifier {
+            pinned: pinned.clone(),
+            seen: seen_fp.clone(),
+            provider: provider.clone(),
+        };
+        let proto_err = |m: String| BmcError::Protocol {
+            driver: D,
+            step: Step::Connect,
+            status: None,
+            message: m,
+        };
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| proto_err(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth();
+        let client = reqwest::Client::builder()
+            .connect_timeout(ep.policy.request_timeout)
+            .timeout(ep.policy.request_timeout)
+            .no_proxy()
+            .tls_backend_preconfigured(tls)
+            .build()
+            .map_err(|e| proto_err(chain(&e)))?;
+        if insecure && base.starts_with("https://") {
+            tracing::warn!(bmc = %base, "TLS verification disabled for this BMC (insecure opt-out)");
+        }
+        Ok(RedfishBmc {
+            base,
+            username: ep.username.clone(),
+            password: ep.password.clone(),
+            system_id: ep.system_id.clone(),
+            match_mac: ep.match_mac.clone(),
+            match_uuid: ep.match_uuid.clone(),
+            pinned,
+            insecure,
+            policy: ep.policy.clone(),
+            client,
+            seen_fp,
+            auth: tokio::sync::Mutex::new(None),
+            system: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    fn seen(&self) -> Option<String> {
+        self.seen_fp
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn send_error(&self, step: Step, e: reqwest::Error) -> BmcError {
+        if let (Some(p), Some(s)) = (&self.pinned, self.seen())
+            && *p != s
+        {
+            return BmcError::CertificateMismatch {
+                driver: D,
+                pinned: p.clone(),
+                presented: s,
+            };
+        }
+        if e.is_timeout() {
+            BmcError::Timeout {
+                driver: D,
+                step,
+                after: self.policy.request_timeout,
+            }
+        } else if e.is_connect() {
+            BmcError::Unreachable {
+                driver: D,
+                step,
+                address: self.base.clone(),
+                message: chain(&e),
+            }
+        } else {
+            BmcError::Protocol {
+                driver: D,
+                step,
+                status: None,
+                message: chain(&e),
+            }
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        if path.starts_with("http://") || path.starts_with("https://") {
+            path.to_string()
+        } else {
+            format!("{}{}", self.base, path)
+        }
+    }
+
+    /// One raw exchange with the given auth; non-2xx becomes a typed error.
+    async fn exchange(
+        &self,
+        step: Step,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_match: Option<&str>,
+        auth: &Auth,
+    ) -> Result<Resp, BmcError> {
+        let mut rb = self
+            .client
+            .request(method, self.url(path))
+            .header("Accept", "application/json");
+        rb = match auth {
+            Auth::Basic => rb.basic_auth(&self.username, Some(self.password.expose())),
+            Auth::Session { token, .. } => rb.header("X-Auth-Token", token.expose()),
+        };
+        if let Some(b) = body {
+            rb = rb.json(b);
+        }
+        if let Some(t) = if_match {
+            rb = rb.header("If-Match", t);
+        }
+        let resp = rb.send().await.map_err(|e| self.send_error(step, e))?;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.map_err(|e| self.send_error(step, e))?;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(BmcError::AuthRefused {
+                driver: D,
+                step,
+                message: format!("HTTP {}: {}", status.as_u16(), bmc_message(&text)),
+            });
+        }
+        if !status.is_success() {
+            return Err(BmcError::Protocol {
+                driver: D,
+                step,
+                status: Some(status.as_u16()),
+                message: bmc_message(&text),
+            });
+        }
+        let body = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).map_err(|e| BmcError::Protocol {
+                driver: D,
+                step,
+                status: Some(status.as_u16()),
+                message: format!("response is not JSON: {e}"),
+            })?
+        };
+        let etag = headers
+            .get("ETag")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        Ok(Resp { etag, body })
+    }
+
+    /// Opens a session where the service has a SessionService, else uses basic auth.
+    async fn login(&self) -> Result<Auth, BmcError> {
+        // The service root is readable without credentials on conforming BMCs; basic
+        // auth is sent anyway for those (like sushy with an auth file) that protect it.
+        let root = self
+            .exchange(
+                Step::Login,
+                Method::GET,
+                "/redfish/v1/",
+                None,
+                None,
+                &Auth::Basic,
+            )
+            .await?
+            .body;
+        let sessions = root["Links"]["Sessions"]["@odata.id"]
+            .as_str()
+            .map(String::from)
+            .or_else(|| {
+                root["SessionService"]["@odata.id"]
+                    .as_str()
+                    .map(|s| format!("{}/Sessions", s.trim_end_matches('/')))
+            });
+        let Some(sessions) = sessions else {
+            tracing::debug!(bmc = %self.base, "no SessionService, using basic auth");
+            return Ok(Auth::Basic);
+        };
+        let body = json!({"UserName": self.username, "Password": self.password.expose()});
+        let resp = self
+            .client
+            .post(self.url(&sessions))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| self.send_error(Step::Login, e))?;
+        let status = resp.status();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            let text = resp.text().await.unwrap_or_default();
+            return Err(BmcError::AuthRefused {
+                driver: D,
+                step: Step::Login,
+                message: format!("HTTP {}: {}", status.as_u16(), bmc_message(&text)),
+            });
+        }
+        if !status.is_success() {
+            tracing::warn!(bmc = %self.base, status = status.as_u16(), "session login refused, falling back to basic auth");
+            return Ok(Auth::Basic);
+        }
+        let token = resp
+            .headers()
+            .get("X-Auth-Token")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        let location = resp
+            .headers()
+            .get("Location")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        match token {
+            Some(t) => Ok(Auth::Session {
+                token: Secret::new(t),
+                location,
+            }),
+            None => Err(BmcError::Protocol {
+                driver: D,
+                step: Step::Login,
+                status: Some(status.as_u16()),
+                message: "session created without an X-Auth-Token header".into(),
+            }),
+        }
+    }
+
+    async fn auth(&self) -> Result<Auth, BmcError> {
+        let mut g = self.auth.lock().await;
+        if let Some(a) = &*g {
+            return Ok(a.clone());
+        }
+        let a = self.login().await?;
+        *g = Some(a.clone());
+        Ok(a)
+    }
+
+    /// One exchange with login; an expired session is re-opened once.
+    async fn once(
+        &self,
+        step: Step,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_match: Option<&str>,
+    ) -> Result<Resp, BmcError> {
+        let auth = self.auth().await?;
+        match self
+            .exchange(step, method.clone(), path, body, if_match, &auth)
+            .await
+        {
+            Err(BmcError::AuthRefused { .. }) if matches!(auth, Auth::Session { .. }) => {
+                *self.auth.lock().await = None;
+                let auth = self.auth().await?;
+                self.exchange(step, method, path, body, if_match, &auth)
+                    .await
+            }
+            r => r,
+        }
+    }
+
+    async fn call(
+        &self,
+        step: Step,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_match: Option<&str>,
+    ) -> Result<Resp, BmcError> {
+        with_retries(&self.policy, D, step, || {
+            self.once(step, method.clone(), path, body, if_match)
+        })
+        .await
+    }
+
+    async fn get(&self, step: Step, path: &str) -> Result<Resp, BmcError> {
+        self.call(step, Method::GET, path, None, None).await
+    }
+
+    /// The ComputerSystem path, found once per driver.
+    async fn system(&self) -> Result<&str, BmcError> {
+        self.system
+            .get_or_try_init(|| self.find_system())
+            .await
+            .map(String::as_str)
+    }
+
+    async fn find_system(&self) -> Result<String, BmcError> {
+        if let Some(id) = &self.system_id {
+            let path = if id.starts_with('/') {
+                id.clone()
+            } else {
+                format!("/redfish/v1/Systems/{id}")
+            };
+            return match self.get(Step::FindSystem, &path).await {
+                Ok(_) => Ok(path),
+                Err(BmcError::Protocol {
+                    status: Some(404), ..
+                }) => Err(BmcError::SystemNotFound {
+                    driver: D,
+                    wanted: format!("id {id}"),
+                    found: self.list_systems().await?.join(", "),
+                }),
+                Err(e) => Err(e),
+            };
+        }
+        let members = self.list_systems().await?;
+        let want_mac = self
+            .match_mac
+            .as_deref()
+            .map(|m| crate::config::normalize_mac(m).unwrap_or_else(|| m.to_ascii_lowercase()));
+        let want_uuid = self.match_uuid.as_deref().map(str::to_ascii_lowercase);
+        if want_mac.is_none() && want_uuid.is_none() {
+            if members.len() == 1 {
+                return Ok(members[0].clone());
+            }
+            return Err(BmcError::SystemNotFound {
+                driver: D,
+                wanted: "a single system (none configured: set system_id, MAC or UUID)".into(),
+                found: members.join(", "),
+            });
+        }
+        for m in &members {
+            let sys = self.get(Step::FindSystem, m).await?.body;
+            if let Some(u) = &want_uuid
+                && sys["UUID"].as_str().map(str::to_ascii_lowercase).as_ref() != Some(u)
+            {
+                continue;
+            }
+            if let Some(mac) = &want_mac
+                && !self.has_mac(&sys, mac).await?
+            {
+                continue;
+            }
+            return Ok(m.clone());
+        }
+        let mut wanted = vec![];
+        if let Some(m) = &want_mac {
+            wanted.push(format!("MAC {m}"));
+        }
+        if let Some(u) = &want_uuid {
+            wanted.push(format!("UUID {u}"));
+        }
+        Err(BmcError::SystemNotFound {
+            driver: D,
+            wanted: wanted.join(" and "),
+            found: members.join(", "),
+        })
+    }
+
+    async fn list_systems(&self) -> Result<Vec<String>, BmcError> {
+        let c = self
+            .get(Step::FindSystem, "/redfish/v1/Systems")
+            .await?
+            .body;
+        Ok(c["Members"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|m| m["@odata.id"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn has_mac(&self, sys: &Value, mac: &str) -> Result<bool, BmcError> {
+        let Some(path) = sys["EthernetInterfaces"]["@odata.id"].as_str() else {
+            return Ok(false);
+        };
+        let c = self.get(Step::FindSystem, path).await?.body;
+        for m in c["Members"].as_array().into_iter().flatten() {
+            let Some(p) = m["@odata.id"].as_str() else {
+                continue;
+            };
+            let nic = self.get(Step::FindSystem, p).await?.body;
+            for k in ["MACAddress", "PermanentMACAddress"] {
+                if let Some(v) = nic[k].as_str()
+                    && crate::config::normalize_mac(v).as_deref() == Some(mac)
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    async fn read_system(&self, step: Step) -> Result<Resp, BmcError> {
+        let path = self.system().await?.to_string();
+        self.get(step, &path).await
+    }
+
+    async fn read_power(&self) -> Result<PowerState, BmcError> {
+        Ok(parse_power(&self.read_system(Step::PowerState).await?.body))
+    }
+
+    fn reset_target(&self, sys: &Value, path: &str) -> String {
+        sys["Actions"]["#ComputerSystem.Reset"]["target"]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| format!("{path}/Actions/ComputerSystem.Reset"))
+    }
+
+    async fn reset(&self, target: &str, kind: &str) -> Result<(), BmcError> {
+        self.call(
+            Step::Power,
+            Method::POST,
+            target,
+            Some(&json!({ "ResetType": kind })),
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Reset types offered (None when not advertised).
+    fn allowed_resets(sys: &Value) -> Option<Vec<String>> {
+        strings(&sys["Actions"]["#ComputerSystem.Reset"]["ResetType@Redfish.AllowableValues"])
+    }
+
+    fn pick(allowed: &Option<Vec<String>>, prefs: &[&'static str]) -> Option<&'static str> {
+        prefs.iter().copied().find(|p| match allowed {
+            Some(a) => a.iter().any(|x| x == p),
+            None => true,
+        })
+    }
+
+    async fn do_power(&self, want: PowerState) -> Result<(), BmcError> {
+        let path = self.system().await?.to_string();
+        let sys = self.get(Step::Power, &path).await?.body;
+        if parse_power(&sys) == want {
+            return Ok(());
+        }
+        let allowed = Self::allowed_resets(&sys);
+        let prefs: &[&str] = if want == PowerState::On {
+            &["On", "ForceOn"]
+        } else {
+            &["ForceOff", "GracefulShutdown"]
+        };
+        let kind = Self::pick(&allowed, prefs).ok_or_else(|| BmcError::NotSupported {
+            driver: D,
+            step: Step::Power,
+            what: format!(
+                "any of {} (offers: {})",
+                prefs.join("/"),
+                allowed.clone().unwrap_or_default().join(", ")
+            ),
+        })?;
+        let target = self.reset_target(&sys, &path);
+        self.reset(&target, kind).await?;
+        await_power(&self.policy, D, kind, want, || self.read_power()).await
+    }
+
+    /// The order `power_cycle` tries resets in, given what is advertised.
+    fn cycle_plan(allowed: &Option<Vec<String>>) -> Vec<&'static str> {
+        ["PowerCycle", "ForceRestart"]
+            .into_iter()
+            .filter(|p| allowed.as_ref().is_none_or(|a| a.iter().any(|x| x == p)))
+            .collect()
+    }
+
+    async fn do_cycle(&self) -> Result<(), BmcError> {
+        let path = self.system().await?.to_string();
+        let sys = self.get(Step::Power, &path).await?.body;
+        if parse_power(&sys) == PowerState::Off {
+            tracing::info!(bmc = %self.base, "node is off: powering on instead of cycling");
+            return self.do_power(PowerState::On).await;
+        }
+        let allowed = Self::allowed_resets(&sys);
+        let target = self.reset_target(&sys, &path);
+        for kind in Self::cycle_plan(&allowed) {
+            match self.reset(&target, kind).await {
+                Ok(()) => {
+                    return observe_restart(&self.policy, D, kind, || self.read_power()).await;
+                }
+                Err(BmcError::Protocol {
+                    status: Some(s @ (400 | 405 | 501)),
+                    message,
+                    ..
+                }) => {
+                    tracing::warn!(bmc = %self.base, kind, status = s, %message, "reset type refused, trying the next");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.do_power(PowerState::Off).await?;
+        self.do_power(PowerState::On).await
+    }
+
+    async fn do_set_boot(&self, next: NextBoot) -> Result<BootOverride, BmcError> {
+        let path = self.system().await?.to_string();
+        let mut last = None;
+        let mut delay = self.policy.backoff;
+        let attempts = self.policy.override_attempts.max(1);
+        let mut wanted = String::new();
+        for attempt in 1..=attempts {
+            let cur = self.get(Step::SetBoot, &path).await?;
+            let (patch, notes) = boot_patch(&cur.body, &next)?;
+            for n in &notes {
+                tracing::info!(bmc = %self.base, note = %n, "boot override");
+            }
+            wanted = patch["Boot"].to_string();
+            match self
+                .call(
+                    Step::SetBoot,
+                    Method::PATCH,
+                    &path,
+                    Some(&patch),
+                    cur.etag.as_deref(),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(BmcError::Protocol {
+                    status: Some(412), ..
+                }) if attempt < attempts => {
+                    tracing::warn!(bmc = %self.base, "ETag changed under us, re-reading");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            let got = parse_boot(&self.get(Step::ReadBoot, &path).await?.body);
+            if override_matches(&patch, &got) {
+                if next.once && got.enabled != OverrideEnabled::Once {
+                    tracing::warn!(bmc = %self.base, enabled = ?got.enabled, "BMC reads a one-time override back as not Once; accepting");
+                }
+                return Ok(got);
+            }
+            tracing::warn!(bmc = %self.base, attempt, %wanted, got = %got, "boot override did not stick");
+            last = Some(got);
+            if attempt < attempts {
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2);
+            }
+        }
+        Err(BmcError::OverrideNotApplied {
+            driver: D,
+            wanted,
+            got: last
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "(nothing read)".into()),
+            attempts,
+        })
+    }
+
+    async fn do_check(&self) -> Result<CheckReport, BmcError> {
+        let mut r = CheckReport {
+            driver: D,
+            address: self.base.clone(),
+            credentials: Credentials::Accepted { how: String::new() },
+            identity: None,
+            system: None,
+            power: None,
+            reset_types: vec![],
+            cycle_plan: None,
+            boot_targets: vec![],
+            boot_modes: vec![],
+            boot_override: None,
+            tls_fingerprint: None,
+            notes: vec![],
+        };
+        if self.insecure && self.base.starts_with("https://") {
+            r.notes
+                .push("TLS verification disabled for this BMC (insecure opt-out)".into());
+        }
+        let path = match self.system().await {
+            Ok(p) => p.to_string(),
+            Err(BmcError::AuthRefused { message, .. }) => {
+                r.credentials = Credentials::Refused { message };
+                r.tls_fingerprint = self.seen();
+                return Ok(r);
+            }
+            Err(e) => return Err(e),
+        };
+        r.tls_fingerprint = self.seen();
+        r.credentials = Credentials::Accepted {
+            how: match self.auth.lock().await.as_ref() {
+                Some(Auth::Session { .. }) => "session, X-Auth-Token".into(),
+                _ => "basic auth; no SessionService".into(),
+            },
+        };
+        let root = self.get(Step::Check, "/redfish/v1/").await?.body;
+        let sys = self.get(Step::Check, &path).await?.body;
+        let ident: Vec<&str> = [
+            &root["Vendor"],
+            &root["Product"],
+            &sys["Manufacturer"],
+            &sys["Model"],
+        ]
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+        r.identity = Some(format!(
+            "{} (Redfish {})",
+            if ident.is_empty() {
+                "unknown".to_string()
+            } else {
+                ident.join(" ")
+            },
+            root["RedfishVersion"].as_str().unwrap_or("?")
+        ));
+        r.system = Some(format!(
+            "{path} name={} uuid={}",
+            sys["Name"].as_str().unwrap_or("?"),
+            sys["UUID"].as_str().unwrap_or("?")
+        ));
+        r.power = Some(parse_power(&sys));
+        let allowed = Self::allowed_resets(&sys);
+        match &allowed {
+            Some(a) => r.reset_types = a.clone(),
+            None => r
+                .notes
+                .push("ResetType allowable values not advertised: will probe".into()),
+        }
+        let plan = Self::cycle_plan(&allowed);
+        r.cycle_plan = Some(if plan.is_empty() {
+            "ForceOff, then On (no restart reset offered)".into()
+        } else {
+            format!("{} (fallback: ForceOff, then On)", plan.join(", else "))
+        });
+        let boot = &sys["Boot"];
+        if boot.is_object() {
+            match strings(&boot["BootSourceOverrideTarget@Redfish.AllowableValues"]) {
+                Some(t) => r.boot_targets = t,
+                None => r
+                    .notes
+                    .push("boot targets not advertised (BootSourceOverrideTarget@Redfish.AllowableValues)".into()),
+            }
+            if !r.boot_targets.is_empty() && !r.boot_targets.iter().any(|t| t == "Pxe") {
+                r.notes.push("Pxe is not an offered boot target".into());
+            }
+            match (
+                boot.get("BootSourceOverrideMode"),
+                strings(&boot["BootSourceOverrideMode@Redfish.AllowableValues"]),
+            ) {
+                (_, Some(m)) => r.boot_modes = m,
+                (Some(cur), None) => r.notes.push(format!(
+                    "BootSourceOverrideMode present ({}) but its values are not advertised",
+                    cur.as_str().unwrap_or("?")
+                )),
+                (None, None) => r
+                    .notes
+                    .push("no BootSourceOverrideMode: the mode cannot be set".into()),
+            }
+            if boot.get("HttpBootUri").is_none() {
+                r.notes
+                    .push("no HttpBootUri: UEFI HTTP boot takes its URL from DHCP".into());
+            }
+            r.boot_override = Some(parse_boot(&sys));
+        } else {
+            r.notes
+                .push("no Boot object: one-time boot override impossible".into());
+        }
+        if !plan.contains(&"PowerCycle") {
+            r.notes.push("PowerCycle not offered".into());
+        }
+        Ok(r)
+    }
+
+    async fn do_close(&self) {
+        let auth = self.auth.lock().await.take();
+        if let Some(
+            a @ Auth::Session {
+                location: Some(_), ..
+            },
+        ) = &auth
+        {
+            let Auth::Session {
+                location: Some(loc),
+                ..
+            } = a
+            else {
+                return;
+            };
+            if let Err(e) = self
+                .exchange(Step::Login, Method::DELETE, loc, None, None, a)
+                .await
+            {
+                tracing::debug!(bmc = %self.base, error = %e, "session logout failed");
+            }
+        }
+    }
+}
+
+impl Bmc for RedfishBmc {
+    fn driver(&self) -> Driver {
+        D
+    }
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+        Box::pin(self.read_power())
+    }
+    fn set_next_boot(&self, next: NextBoot) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+        Box::pin(self.do_set_boot(next))
+    }
+    fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+        Box::pin(async move { Ok(parse_boot(&self.read_system(Step::ReadBoot).await?.body)) })
+    }
+    fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+        Box::pin(self.do_cycle())
+    }
+    fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+        Box::pin(self.do_power(PowerState::On))
+    }
+    fn power_off(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+        Box::pin(self.do_power(PowerState::Off))
+    }
+    fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>> {
+        Box::pin(self.do_check())
+    }
+    fn tls_fingerprint(&self) -> Option<String> {
+        self.seen()
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.do_close())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sushy_like() -> Value {
+        json!({"PowerState": "On", "Boot": {
+            "BootSourceOverrideEnabled": "Continuous",
+            "BootSourceOverrideTarget": "Hdd",
+            "BootSourceOverrideTarget@Redfish.AllowableValues": ["Pxe", "Cd", "Hdd", "UefiHttp"],
+            "BootSourceOverrideMode": "UEFI",
+            "HttpBootUri": "None"}})
+    }
+
+    #[test]
+    fn patch_has_only_advertised_fields() {
+        let (p, _) = boot_patch(&sushy_like(), &NextBoot::pxe_once()).unwrap();
+        assert_eq!(
+            p,
+            json!({"Boot": {"BootSourceOverrideTarget": "Pxe", "BootSourceOverrideEnabled": "Once", "BootSourceOverrideMode": "UEFI"}})
+        );
+        let minimal = json!({"Boot": {"BootSourceOverrideTarget": "None"}});
+        let (p, notes) = boot_patch(&minimal, &NextBoot::pxe_once()).unwrap();
+        assert!(p["Boot"].get("BootSourceOverrideMode").is_none());
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        let http = NextBoot {
+            target: BootTarget::UefiHttp {
+                url: "http://x/ipxe.efi".into(),
+            },
+            mode: BootMode::Uefi,
+            once: true,
+        };
+        let (p, _) = boot_patch(&sushy_like(), &http).unwrap();
+        assert_eq!(p["Boot"]["HttpBootUri"], "http://x/ipxe.efi");
+        let (p, _) = boot_patch(&minimal, &http).unwrap();
+        assert!(p["Boot"].get("HttpBootUri").is_none());
+    }
+
+    #[test]
+    fn unadvertised_target_is_not_supported() {
+        let sys =
+            json!({"Boot": {"BootSourceOverrideTarget@Redfish.AllowableValues": ["Hdd", "Cd"]}});
+        let e = boot_patch(&sys, &NextBoot::pxe_once()).unwrap_err();
+        assert!(matches!(e, BmcError::NotSupported { ref what, .. } if what.contains("Hdd, Cd")));
+        assert!(boot_patch(&json!({}), &NextBoot::pxe_once()).is_err());
+    }
+
+    #[test]
+    fn readback_rules() {
+        let (p, _) = boot_patch(&sushy_like(), &NextBoot::pxe_once()).unwrap();
+        let mut got = parse_boot(&sushy_like());
+        assert!(!override_matches(&p, &got), "Hdd must not match Pxe");
+        got.target = "Pxe".into();
+        assert!(override_matches(&p, &got), "Continuous accepted for Once");
+        got.enabled = OverrideEnabled::Disabled;
+        assert!(!override_matches(&p, &got));
+        got.enabled = OverrideEnabled::Once;
+        got.mode = Some(BootMode::Legacy);
+        assert!(!override_matches(&p, &got));
+    }
+
+    #[test]
+    fn cycle_plan_follows_allowable_values() {
+        let a = Some(vec![
+            "On".to_string(),
+            "ForceOff".into(),
+            "ForceRestart".into(),
+        ]);
+        assert_eq!(RedfishBmc::cycle_plan(&a), vec!["ForceRestart"]);
+        assert_eq!(
+            RedfishBmc::cycle_plan(&None),
+            vec!["PowerCycle", "ForceRestart"]
+        );
+        assert!(RedfishBmc::cycle_plan(&Some(vec!["On".into()])).is_empty());
+    }
+
+    #[test]
+    fn bmc_message_extracts_redfish_error() {
+        let b = r#"{"error":{"code":"Base.1.0.GeneralError","message":"boom","@Message.ExtendedInfo":[{"Message":"detail"}]}}"#;
+        assert_eq!(bmc_message(b), "boom; detail");
+        assert_eq!(bmc_message("plain"), "plain");
+    }
+
+    #[test]
+    fn fingerprints_normalize() {
+        assert_eq!(normalize_fingerprint("AB:cd:01"), "abcd01");
+        assert_eq!(fingerprint(b"").len(), 64);
+    }
+}
