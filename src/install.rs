@@ -1,0 +1,657 @@
+//! Generated install configs: kickstart (Anaconda), Ubuntu autoinstall user-data and
+//! NoCloud meta-data, and debian-installer preseed, plus the first-boot agent they all
+//! install. Pure: the caller looks up the node, image and token and serves the result.
+//!
+//! Every config sets the hostname, makes the installed system boot to
+//! `multi-user.target` with no first-boot setup screens, calls
+//! `<callback_base>/installed` at the end of the install, and installs the same agent
+//! (`templates/firstboot/`): a oneshot `pxed-firstboot.service` and the script
+//! `/usr/local/sbin/pxed-firstboot`, which POSTs a [`FirstBootReport`] to
+//! `<callback_base>/first-boot` and a [`HealthReport`] to `<callback_base>/health`.
+
+use crate::hostname::is_valid_label;
+use crate::images::{Arch, Family, ImageDef, ImageError, mirror_url};
+use askama::Template;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// Everything one node's install config depends on.
+#[derive(Debug, Clone)]
+pub struct InstallContext<'a> {
+    /// The installed system's hostname (a valid RFC 1123 label).
+    pub hostname: String,
+    /// The node's architecture; selects the image's media and per-arch branches.
+    pub arch: Arch,
+    /// The catalog entry being installed.
+    pub image: &'a ImageDef,
+    /// `mirror_base` + the image's `repo` for `arch`.
+    pub repo_url: String,
+    /// The image's extra repositories for `arch`, as absolute URLs.
+    pub extra_repos: BTreeMap<String, String>,
+    /// `http://<server>/cb/<token>`; the agent appends `installed`, `first-boot`, `health`.
+    pub callback_base: String,
+    /// `http://<server>/cfg/<token>`; where this config is served from.
+    pub config_base: String,
+    /// OpenSSH public keys for root (kickstart, preseed) or the `ubuntu` user.
+    pub ssh_authorized_keys: Vec<String>,
+    /// A crypt(3) hash for root (the `ubuntu` user on Ubuntu); `None` locks the password.
+    pub root_password_hash: Option<String>,
+    /// An Olson time zone name, e.g. `UTC` or `Europe/Berlin`.
+    pub timezone: String,
+}
+
+impl<'a> InstallContext<'a> {
+    /// Builds the context for `hostname` installing `image` on `arch`, with URLs from the
+    /// mirror base and the server's own base URL (`http://10.0.0.1`) plus the node's
+    /// boot token. Keys and password default to none, the time zone to `UTC`.
+    pub fn new(
+        image: &'a ImageDef,
+        arch: Arch,
+        mirror_base: &str,
+        server_base: &str,
+        token: &str,
+        hostname: &str,
+    ) -> Result<Self, InstallError> {
+        let a = image.arch(arch)?;
+        let server = server_base.trim_end_matches('/');
+        Ok(InstallContext {
+            hostname: hostname.to_string(),
+            arch,
+            image,
+            repo_url: mirror_url(mirror_base, &a.repo),
+            extra_repos: a
+                .extra_repos
+                .iter()
+                .map(|(k, v)| (k.clone(), mirror_url(mirror_base, v)))
+                .collect(),
+            callback_base: format!("{server}/cb/{token}"),
+            config_base: format!("{server}/cfg/{token}"),
+            ssh_authorized_keys: Vec::new(),
+            root_password_hash: None,
+            timezone: "UTC".into(),
+        })
+    }
+}
+
+/// Sent by the installer to `<callback_base>/installed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstalledReport {
+    /// The hostname the config set.
+    pub hostname: String,
+    /// The architecture the config was rendered for (`x86_64`, `arm64`).
+    pub arch: String,
+}
+
+/// Hardware facts in a [`FirstBootReport`]; a probe that found nothing reports 0 or "".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Facts {
+    /// Online CPUs.
+    pub cpus: u64,
+    /// `MemTotal` from /proc/meminfo.
+    pub mem_kb: u64,
+    /// GPUs: `nvidia-smi -L` lines, else PCI class 0302 (3D controller) devices.
+    pub gpus: u64,
+    /// `uname -r`.
+    pub kernel: String,
+    /// /etc/machine-id.
+    pub machine_id: String,
+}
+
+/// Sent by the agent to `<callback_base>/first-boot`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstBootReport {
+    /// `uname -n` of the booted system.
+    pub hostname: String,
+    /// `uname -m` (`x86_64`, `aarch64`).
+    pub arch: String,
+    /// Hardware facts.
+    pub facts: Facts,
+}
+
+/// Outcome of the agent's health check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    /// Every check held.
+    Pass,
+    /// At least one check failed; `detail` says which.
+    Fail,
+}
+
+/// Sent by the agent to `<callback_base>/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthReport {
+    /// Pass or fail.
+    pub status: HealthStatus,
+    /// `all checks passed`, or `check: reason` items joined by `; `.
+    pub detail: String,
+}
+
+/// Errors from building or rendering a config.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{field}: {reason}")]
+    Invalid {
+        field: &'static str,
+        reason: &'static str,
+    },
+    #[error("image {image} is installed by {family:?}, not by this config")]
+    WrongFamily { image: String, family: Family },
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("rendering install config: {0}")]
+    Render(#[from] askama::Error),
+}
+
+/// The agent's two files, rendered once and embedded by every config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstBootFiles {
+    /// `/usr/local/sbin/pxed-firstboot`, a POSIX sh script.
+    pub script: String,
+    /// `/etc/systemd/system/pxed-firstboot.service`.
+    pub unit: String,
+}
+
+/// Where the agent's files go on the installed system.
+pub const AGENT_SCRIPT_PATH: &str = "/usr/local/sbin/pxed-firstboot";
+/// The agent's unit file on the installed system.
+pub const AGENT_UNIT_PATH: &str = "/etc/systemd/system/pxed-firstboot.service";
+
+#[derive(Template)]
+#[template(path = "firstboot/pxed-firstboot.sh", escape = "none")]
+struct AgentScript<'a> {
+    hostname: &'a str,
+    callback_base: &'a str,
+}
+
+#[derive(Template)]
+#[template(path = "firstboot/pxed-firstboot.service", escape = "none")]
+struct AgentUnit<'a> {
+    callback_base: &'a str,
+}
+
+/// Renders the first-boot agent for `ctx`, without a trailing newline on either file
+/// (the configs add their own line ends).
+pub fn firstboot_files(ctx: &InstallContext<'_>) -> Result<FirstBootFiles, InstallError> {
+    check(ctx)?;
+    let script = AgentScript {
+        hostname: &ctx.hostname,
+        callback_base: &ctx.callback_base,
+    }
+    .render()?;
+    let unit = AgentUnit {
+        callback_base: &ctx.callback_base,
+    }
+    .render()?;
+    Ok(FirstBootFiles {
+        script: script.trim_end().to_string(),
+        unit: unit.trim_end().to_string(),
+    })
+}
+
+/// Characters that would break out of the shell single quotes, YAML scalars or
+/// debconf lines that these values are written into.
+fn plain(s: &str) -> bool {
+    !s.is_empty()
+        && !s.chars().any(|c| {
+            c.is_whitespace() || c.is_control() || matches!(c, '\'' | '"' | '\\' | '`' | '$')
+        })
+}
+
+fn invalid(field: &'static str, reason: &'static str) -> InstallError {
+    InstallError::Invalid { field, reason }
+}
+
+/// Refuses anything that could inject into a generated config or script.
+fn check(ctx: &InstallContext<'_>) -> Result<(), InstallError> {
+    if !is_valid_label(&ctx.hostname) {
+        return Err(invalid("hostname", "must be a lower-case RFC 1123 label"));
+    }
+    ctx.image.arch(ctx.arch)?;
+    let urls = [
+        ("repo_url", &ctx.repo_url),
+        ("callback_base", &ctx.callback_base),
+        ("config_base", &ctx.config_base),
+    ];
+    for (field, url) in urls
+        .into_iter()
+        .chain(ctx.extra_repos.values().map(|u| ("extra_repos", u)))
+    {
+        if !(url.starts_with("http://") || url.starts_with("https://")) || !plain(url) {
+            return Err(invalid(
+                field,
+                "must be an http(s) URL without quotes or spaces",
+            ));
+        }
+    }
+    for (name, _) in &ctx.extra_repos {
+        if !plain(name) {
+            return Err(invalid("extra_repos", "names must be plain words"));
+        }
+    }
+    for key in &ctx.ssh_authorized_keys {
+        let ok = !key.is_empty()
+            && !key.contains(['\n', '\r', '"', '\'', '\\', '`', '$'])
+            && (key.starts_with("ssh-") || key.starts_with("ecdsa-") || key.starts_with("sk-"));
+        if !ok {
+            return Err(invalid(
+                "ssh_authorized_keys",
+                "each must be one OpenSSH public key line without quotes",
+            ));
+        }
+    }
+    if let Some(h) = &ctx.root_password_hash {
+        // A crypt(3) hash has `$` separators: allow them here (it is never in a shell
+        // string), but nothing that breaks a line or a quoted word.
+        let ok = !h.is_empty()
+            && !h.chars().any(|c| {
+                c.is_whitespace() || c.is_control() || matches!(c, '\'' | '"' | '\\' | '`')
+            });
+        if !ok {
+            return Err(invalid("root_password_hash", "must be one crypt(3) hash"));
+        }
+    }
+    let tz_ok = !ctx.timezone.is_empty()
+        && ctx
+            .timezone
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '+' | '-'));
+    if !tz_ok {
+        return Err(invalid(
+            "timezone",
+            "must be an Olson name like Europe/Berlin",
+        ));
+    }
+    Ok(())
+}
+
+fn want_family(ctx: &InstallContext<'_>, family: Family) -> Result<(), InstallError> {
+    if ctx.image.family != family {
+        return Err(InstallError::WrongFamily {
+            image: ctx.image.name.clone(),
+            family: ctx.image.family,
+        });
+    }
+    Ok(())
+}
+
+fn installed_json(ctx: &InstallContext<'_>) -> String {
+    serde_json::to_string(&InstalledReport {
+        hostname: ctx.hostname.clone(),
+        arch: ctx.arch.as_str().into(),
+    })
+    .expect("a struct of strings serializes")
+}
+
+fn json(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
+}
+
+fn b64(s: &str) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(s.len().div_ceil(3) * 4);
+    for chunk in s.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[derive(Template)]
+#[template(path = "kickstart.ks", escape = "none")]
+struct Kickstart<'a> {
+    c: &'a InstallContext<'a>,
+    agent: FirstBootFiles,
+    arm64: bool,
+    console: &'static str,
+    installed_json: String,
+}
+
+/// The Anaconda kickstart (`/cfg/{token}/kickstart`) for a [`Family::Kickstart`] image.
+pub fn render_kickstart(ctx: &InstallContext<'_>) -> Result<String, InstallError> {
+    want_family(ctx, Family::Kickstart)?;
+    Ok(Kickstart {
+        c: ctx,
+        agent: firstboot_files(ctx)?,
+        arm64: ctx.arch == Arch::Arm64,
+        console: ctx.arch.serial_console(),
+        installed_json: installed_json(ctx),
+    }
+    .render()?)
+}
+
+#[derive(Template)]
+#[template(path = "user-data.yaml", escape = "none")]
+struct UserData<'a> {
+    c: &'a InstallContext<'a>,
+    agent: FirstBootFiles,
+    arm64: bool,
+    debian_arch: &'static str,
+    archive_json: Option<String>,
+    timezone_json: String,
+    password_json: String,
+    ssh_keys_json: String,
+    installed_json: String,
+}
+
+/// Ubuntu autoinstall as `#cloud-config` with an `autoinstall:` key
+/// (`/cfg/{token}/user-data`), for a [`Family::Autoinstall`] image. The apt archive is
+/// the image's `extra_repos.archive`, when it has one.
+pub fn render_user_data(ctx: &InstallContext<'_>) -> Result<String, InstallError> {
+    want_family(ctx, Family::Autoinstall)?;
+    Ok(UserData {
+        c: ctx,
+        agent: firstboot_files(ctx)?,
+        arm64: ctx.arch == Arch::Arm64,
+        debian_arch: ctx.arch.debian(),
+        archive_json: ctx.extra_repos.get("archive").map(|u| json(u)),
+        timezone_json: json(&ctx.timezone),
+        // `!` is a locked password: key-only login.
+        password_json: json(ctx.root_password_hash.as_deref().unwrap_or("!")),
+        ssh_keys_json: serde_json::to_string(&ctx.ssh_authorized_keys).expect("strings serialize"),
+        installed_json: installed_json(ctx),
+    }
+    .render()?)
+}
+
+#[derive(Template)]
+#[template(path = "meta-data.yaml", escape = "none")]
+struct MetaData<'a> {
+    c: &'a InstallContext<'a>,
+    instance_id: String,
+}
+
+/// NoCloud meta-data (`/cfg/{token}/meta-data`). The instance id changes with the
+/// token, so cloud-init treats every reinstall as a new instance.
+pub fn render_meta_data(ctx: &InstallContext<'_>) -> Result<String, InstallError> {
+    check(ctx)?;
+    let digest = hex::encode(Sha256::digest(ctx.config_base.as_bytes()));
+    Ok(MetaData {
+        c: ctx,
+        instance_id: format!("pxed-{}-{}", ctx.hostname, &digest[..12]),
+    }
+    .render()?)
+}
+
+/// debian-installer's mirror questions, split out of the repository URL.
+struct Mirror {
+    protocol: String,
+    host: String,
+    directory: String,
+}
+
+fn mirror_parts(url: &str) -> Result<Mirror, InstallError> {
+    let bad = || {
+        invalid(
+            "repo_url",
+            "must be http(s)://host[:port]/path for debian-installer",
+        )
+    };
+    let u = reqwest::Url::parse(url).map_err(|_| bad())?;
+    let host = u.host_str().ok_or_else(bad)?;
+    let host = match u.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    };
+    let dir = u.path().trim_end_matches('/');
+    Ok(Mirror {
+        protocol: u.scheme().to_string(),
+        host,
+        directory: if dir.is_empty() {
+            "/".into()
+        } else {
+            dir.into()
+        },
+    })
+}
+
+#[derive(Template)]
+#[template(path = "preseed.cfg", escape = "none")]
+struct Preseed<'a> {
+    c: &'a InstallContext<'a>,
+    arm64: bool,
+    console: &'static str,
+    mirror: Mirror,
+    root_hash: &'a str,
+    script_b64: String,
+    unit_b64: String,
+    ssh_keys_b64: Option<String>,
+    installed_json: String,
+}
+
+/// The debian-installer preseed (`/cfg/{token}/preseed`) for a [`Family::Preseed`]
+/// image. debconf values are single lines, so the agent's files travel base64-encoded.
+pub fn render_preseed(ctx: &InstallContext<'_>) -> Result<String, InstallError> {
+    want_family(ctx, Family::Preseed)?;
+    let agent = firstboot_files(ctx)?;
+    let keys = ctx
+        .ssh_authorized_keys
+        .iter()
+        .map(|k| format!("{k}\n"))
+        .collect::<String>();
+    Ok(Preseed {
+        c: ctx,
+        arm64: ctx.arch == Arch::Arm64,
+        console: ctx.arch.serial_console(),
+        mirror: mirror_parts(&ctx.repo_url)?,
+        root_hash: ctx.root_password_hash.as_deref().unwrap_or("!"),
+        script_b64: b64(&format!("{}\n", agent.script)),
+        unit_b64: b64(&format!("{}\n", agent.unit)),
+        ssh_keys_b64: (!keys.is_empty()).then(|| b64(&keys)),
+        installed_json: installed_json(ctx),
+    }
+    .render()?)
+}
+
+/// Renders the config(s) the image's family reads, as `(file name, content)` pairs
+/// named like the `/cfg/{token}/<name>` routes.
+pub fn render_for(ctx: &InstallContext<'_>) -> Result<Vec<(&'static str, String)>, InstallError> {
+    Ok(match ctx.image.family {
+        Family::Kickstart => vec![("kickstart", render_kickstart(ctx)?)],
+        Family::Autoinstall => vec![
+            ("user-data", render_user_data(ctx)?),
+            ("meta-data", render_meta_data(ctx)?),
+        ],
+        Family::Preseed => vec![("preseed", render_preseed(ctx)?)],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::images::load_catalog;
+    use std::path::Path;
+
+    fn catalog() -> Vec<ImageDef> {
+        load_catalog(&Path::new(env!("CARGO_MANIFEST_DIR")).join("images")).unwrap()
+    }
+
+    fn ctx<'a>(cat: &'a [ImageDef], name: &str, arch: Arch) -> InstallContext<'a> {
+        let img = cat.iter().find(|d| d.name == name).unwrap();
+        let mut c = InstallContext::new(
+            img,
+            arch,
+            "http://mirror.lab:8080/pub",
+            "http://10.0.0.1",
+            "tok123",
+            "node-3a4b5c",
+        )
+        .unwrap();
+        c.ssh_authorized_keys = vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE0 ops@lab".into()];
+        c
+    }
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(b64(i), o, "{i}");
+        }
+    }
+
+    #[test]
+    fn context_urls() {
+        let cat = catalog();
+        let c = ctx(&cat, "rocky-9", Arch::Arm64);
+        assert_eq!(
+            c.repo_url,
+            "http://mirror.lab:8080/pub/rocky/9/BaseOS/aarch64/os/"
+        );
+        assert_eq!(c.callback_base, "http://10.0.0.1/cb/tok123");
+        assert_eq!(c.config_base, "http://10.0.0.1/cfg/tok123");
+        assert_eq!(
+            c.extra_repos["appstream"],
+            "http://mirror.lab:8080/pub/rocky/9/AppStream/aarch64/os/"
+        );
+    }
+
+    #[test]
+    fn kickstart_arch_branches() {
+        let cat = catalog();
+        let x = render_kickstart(&ctx(&cat, "rocky-9", Arch::X86_64)).unwrap();
+        let a = render_kickstart(&ctx(&cat, "rocky-9", Arch::Arm64)).unwrap();
+        let lines = |s: &str| s.lines().map(str::to_owned).collect::<Vec<_>>();
+        assert!(lines(&x).contains(&"reqpart".to_string()));
+        assert!(!lines(&a).contains(&"reqpart".to_string()));
+        assert!(lines(&a).contains(&"part /boot/efi --fstype=efi --size=600".to_string()));
+        assert!(x.contains("--append=\"console=tty0 console=ttyS0,115200\""));
+        assert!(a.contains("--append=\"console=tty0 console=ttyAMA0,115200\""));
+        assert!(lines(&x).contains(&"rootpw --lock".to_string()));
+    }
+
+    #[test]
+    fn wrong_family_is_refused() {
+        let cat = catalog();
+        let c = ctx(&cat, "rocky-9", Arch::X86_64);
+        assert!(matches!(
+            render_preseed(&c),
+            Err(InstallError::WrongFamily { .. })
+        ));
+        assert!(matches!(
+            render_user_data(&c),
+            Err(InstallError::WrongFamily { .. })
+        ));
+        assert_eq!(render_for(&c).unwrap()[0].0, "kickstart");
+    }
+
+    #[test]
+    fn injection_is_refused() {
+        let cat = catalog();
+        let mut c = ctx(&cat, "debian-13", Arch::X86_64);
+        c.hostname = "x'; reboot".into();
+        assert!(matches!(
+            render_preseed(&c),
+            Err(InstallError::Invalid {
+                field: "hostname",
+                ..
+            })
+        ));
+        let mut c = ctx(&cat, "debian-13", Arch::X86_64);
+        c.ssh_authorized_keys = vec!["ssh-ed25519 AAAA\nd-i x string y".into()];
+        assert!(matches!(
+            render_preseed(&c),
+            Err(InstallError::Invalid {
+                field: "ssh_authorized_keys",
+                ..
+            })
+        ));
+        let mut c = ctx(&cat, "debian-13", Arch::X86_64);
+        c.callback_base = "http://x/'$(id)'".into();
+        assert!(matches!(
+            render_preseed(&c),
+            Err(InstallError::Invalid {
+                field: "callback_base",
+                ..
+            })
+        ));
+        let mut c = ctx(&cat, "debian-13", Arch::X86_64);
+        c.timezone = "UTC\nd-i".into();
+        assert!(render_preseed(&c).is_err());
+    }
+
+    #[test]
+    fn preseed_mirror_split() {
+        let m = mirror_parts("http://mirror.lab:8080/pub/debian/").unwrap();
+        assert_eq!(
+            (m.protocol.as_str(), m.host.as_str(), m.directory.as_str()),
+            ("http", "mirror.lab:8080", "/pub/debian")
+        );
+        let m = mirror_parts("https://deb.example/").unwrap();
+        assert_eq!(
+            (m.host.as_str(), m.directory.as_str()),
+            ("deb.example", "/")
+        );
+    }
+
+    #[test]
+    fn agent_is_identical_in_every_config() {
+        let cat = catalog();
+        for (name, arch) in [
+            ("rocky-9", Arch::X86_64),
+            ("ubuntu-24.04", Arch::Arm64),
+            ("debian-13", Arch::X86_64),
+        ] {
+            let c = ctx(&cat, name, arch);
+            let agent = firstboot_files(&c).unwrap();
+            assert!(agent.script.starts_with("#!/bin/sh\n"));
+            assert!(agent.script.contains("CB='http://10.0.0.1/cb/tok123'"));
+            assert!(
+                agent
+                    .unit
+                    .contains("ConditionPathExists=!/var/lib/pxed-firstboot.done")
+            );
+            let out = render_for(&c).unwrap();
+            let body = &out[0].1;
+            match c.image.family {
+                Family::Preseed => {
+                    assert!(body.contains(&b64(&format!("{}\n", agent.script))))
+                }
+                Family::Kickstart => assert!(body.contains(&agent.script)),
+                Family::Autoinstall => {
+                    let indented: String = agent
+                        .script
+                        .lines()
+                        .map(|l| {
+                            if l.is_empty() {
+                                "\n".into()
+                            } else {
+                                format!("      {l}\n")
+                            }
+                        })
+                        .collect();
+                    assert!(body.contains(indented.trim_start()), "{body}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn meta_data_changes_with_token() {
+        let cat = catalog();
+        let a = render_meta_data(&ctx(&cat, "ubuntu-24.04", Arch::X86_64)).unwrap();
+        let mut c = ctx(&cat, "ubuntu-24.04", Arch::X86_64);
+        c.config_base = "http://10.0.0.1/cfg/other".into();
+        let b = render_meta_data(&c).unwrap();
+        assert!(a.contains("local-hostname: node-3a4b5c"));
+        assert_ne!(a.lines().next(), b.lines().next());
+    }
+}
