@@ -371,6 +371,16 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         tasks.spawn(async move { Ok(crate::http::serve(http, st, c).await?) });
     }
 
+    let tftp = crate::net::bind_udp(cfg.tftp, None, false).context("TFTP")?;
+    {
+        let (root, settings, c) = (
+            cfg.ipxe_dir.clone(),
+            cfg.tftp_server.clone(),
+            cancel.clone(),
+        );
+        let stats = Arc::new(crate::tftp::TftpStats::default());
+        tasks.spawn(async move { Ok(crate::tftp::serve(tftp, root, settings, stats, c).await?) });
+    }
     // TFTP and DHCP servers are added here.
 
     let resumed = state.lifecycle.resume().await?;

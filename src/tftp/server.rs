@@ -1,0 +1,598 @@
+//! The listener loop and the per-transfer state machine.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::options::negotiate;
+use super::packet::{self, ClientPacket, ErrorCode, MAX_REQUEST, Mode};
+use super::path::{Refusal, resolve};
+use super::{TftpError, TftpStats};
+use crate::config::TftpSettings;
+
+/// Netascii files are converted in memory; larger ones are refused. Netascii is a
+/// relic (boot loaders ask for octet), so this only has to cover small text files.
+const MAX_NETASCII: u64 = 16 << 20;
+
+/// Serves files under `root` over TFTP on `socket` until `cancel` fires.
+///
+/// On cancellation the listener stops at once and in-flight transfers send the
+/// client an ERROR and end; the function returns when they have.
+///
+/// The reply source address: each transfer's socket is bound to the address the
+/// request was sent to, so replies come from the address the client contacted
+/// (clients and firewalls insist). If `socket` is bound to a specific address that
+/// is the address; if it is bound to `0.0.0.0`, IP_PKTINFO on the listening socket
+/// tells us per request. (An IPv6 wildcard listener leaves the choice to the kernel.)
+pub async fn serve(
+    socket: UdpSocket,
+    root: PathBuf,
+    settings: TftpSettings,
+    stats: Arc<TftpStats>,
+    cancel: CancellationToken,
+) -> Result<(), TftpError> {
+    let root = tokio::fs::canonicalize(&root)
+        .await
+        .map_err(|source| TftpError::Root { path: root, source })?;
+    let local = socket
+        .local_addr()
+        .map_err(|source| TftpError::Socket { source })?;
+    let pktinfo = matches!(local.ip(), IpAddr::V4(ip) if ip.is_unspecified());
+    if pktinfo {
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv4PacketInfo, &true)
+            .map_err(|e| TftpError::Socket { source: e.into() })?;
+    }
+    tracing::info!(addr = %local, root = %root.display(), "TFTP listening");
+
+    let ctx = Arc::new(Ctx {
+        root,
+        settings: settings.clone(),
+        stats: stats.clone(),
+    });
+    let slots = Arc::new(Semaphore::new(settings.max_transfers));
+    let transfers = TaskTracker::new();
+    let mut buf = vec![0u8; MAX_REQUEST + 1];
+    let mut cmsg = nix::cmsg_space!(libc::in_pktinfo);
+    let mut out = Vec::with_capacity(64);
+
+    let result = loop {
+        let received = tokio::select! {
+            biased;
+            // CANCEL-SAFETY: only waits.
+            _ = cancel.cancelled() => break Ok(()),
+            // CANCEL-SAFETY: both receive paths take a datagram only when it is
+            // returned; a dropped future leaves it queued.
+            r = recv(&socket, pktinfo, &mut buf, &mut cmsg) => r,
+        };
+        let (n, peer, dst) = match received {
+            Ok(r) => r,
+            Err(e) if transient(&e) => {
+                tracing::debug!(error = %e, "TFTP receive");
+                continue;
+            }
+            Err(source) => break Err(TftpError::Recv { source }),
+        };
+        let req = match packet::parse_request(&buf[..n]) {
+            Ok(r) if peer.port() != 0 => r,
+            Ok(_) => {
+                stats.malformed_dropped.inc();
+                continue;
+            }
+            Err(reason) => {
+                stats.malformed_dropped.inc();
+                tracing::debug!(%peer, %reason, "malformed TFTP packet dropped");
+                continue;
+            }
+        };
+        stats.requests.inc();
+        let name = String::from_utf8_lossy(req.filename);
+        if req.write {
+            stats.refused.inc();
+            tracing::info!(%peer, file = %name, "TFTP write request refused");
+            packet::encode_error(&mut out, ErrorCode::AccessViolation, "read-only server");
+            let _ = socket.send_to(&out, peer).await;
+            continue;
+        }
+        if req.mode == Mode::Other {
+            stats.refused.inc();
+            tracing::info!(%peer, file = %name, "TFTP mode not supported");
+            packet::encode_error(&mut out, ErrorCode::IllegalOperation, "mode not supported");
+            let _ = socket.send_to(&out, peer).await;
+            continue;
+        }
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            stats.busy.inc();
+            tracing::warn!(%peer, file = %name, max = settings.max_transfers, "TFTP busy");
+            packet::encode_error(&mut out, ErrorCode::Undefined, "server busy");
+            let _ = socket.send_to(&out, peer).await;
+            continue;
+        };
+        let local_ip = dst.unwrap_or(local.ip());
+        let owned = OwnedRequest {
+            filename: req.filename.to_vec(),
+            netascii: req.mode == Mode::Netascii,
+            options: req
+                .options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let (ctx, cancel) = (ctx.clone(), cancel.clone());
+        transfers.spawn(async move {
+            let _permit: OwnedSemaphorePermit = permit;
+            ctx.stats.active.inc();
+            let _active = ActiveGuard(&ctx.stats);
+            transfer(&ctx, peer, local_ip, owned, cancel).await;
+        });
+    };
+    transfers.close();
+    if result.is_err() {
+        // Our transfers share the caller's token; they end on their own timeouts.
+        tracing::warn!("TFTP listener failed; waiting for in-flight transfers");
+    }
+    transfers.wait().await;
+    result
+}
+
+struct Ctx {
+    root: PathBuf,
+    settings: TftpSettings,
+    stats: Arc<TftpStats>,
+}
+
+struct OwnedRequest {
+    filename: Vec<u8>,
+    netascii: bool,
+    options: Vec<(String, String)>,
+}
+
+/// Decrements the active gauge however the transfer task ends.
+struct ActiveGuard<'a>(&'a TftpStats);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.dec();
+    }
+}
+
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    ) || e.raw_os_error() == Some(libc::ENOBUFS)
+}
+
+/// Receives one datagram: its length, its sender, and (with IP_PKTINFO) the local
+/// address it was sent to.
+async fn recv(
+    socket: &UdpSocket,
+    pktinfo: bool,
+    buf: &mut [u8],
+    cmsg: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+    if !pktinfo {
+        let (n, peer) = socket.recv_from(buf).await?;
+        return Ok((n, peer, None));
+    }
+    socket
+        .async_io(Interest::READABLE, || recv_pktinfo(socket, buf, cmsg))
+        .await
+}
+
+fn recv_pktinfo(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    cmsg: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn, recvmsg};
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<SockaddrIn>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(cmsg),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(io::Error::from)?;
+    let peer = msg
+        .address
+        .map(|a| SocketAddr::from((a.ip(), a.port())))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no sender address"))?;
+    let mut dst = None;
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::Ipv4PacketInfo(pi) = c {
+                let addr = Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr));
+                let spec = Ipv4Addr::from(u32::from_be(pi.ipi_spec_dst.s_addr));
+                // A request to a broadcast address is answered from the
+                // interface's own address.
+                let ip = if addr.is_broadcast() || addr.is_multicast() || addr.is_unspecified() {
+                    spec
+                } else {
+                    addr
+                };
+                dst = Some(IpAddr::V4(ip));
+            }
+        }
+    }
+    Ok((msg.bytes, peer, dst))
+}
+
+/// Binds a transfer's socket: a fresh ephemeral port (the server's TID) on the
+/// address the client contacted.
+fn bind_transfer(local: IpAddr) -> io::Result<UdpSocket> {
+    let addr = SocketAddr::new(local, 0);
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // A window of large blocks is sent back to back.
+    let _ = s.set_send_buffer_size(1 << 20);
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    UdpSocket::from_std(s.into())
+}
+
+/// What a transfer reads from.
+enum Source {
+    File(std::fs::File),
+    /// Netascii-converted contents.
+    Memory(Vec<u8>),
+}
+
+impl Source {
+    /// Fills `buf` from `offset`; fewer bytes only at the end.
+    ///
+    /// Blocking, but a positioned read of one block (at most 64 KiB) from a local,
+    /// usually page-cached file: cheaper here than a hop to the blocking pool per
+    /// block, which would halve throughput.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        match self {
+            Source::File(f) => {
+                let mut done = 0;
+                while done < buf.len() {
+                    match f.read_at(&mut buf[done..], offset + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(done)
+            }
+            Source::Memory(v) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(v.len());
+                let n = buf.len().min(v.len() - start);
+                buf[..n].copy_from_slice(&v[start..start + n]);
+                Ok(n)
+            }
+        }
+    }
+}
+
+/// Why a file was not opened, as the ERROR the client gets.
+struct OpenFailure {
+    code: ErrorCode,
+    message: &'static str,
+    refused: bool,
+}
+
+fn open(root: &Path, name: &[u8], netascii: bool) -> Result<(Source, u64), OpenFailure> {
+    let refuse = |code, message| OpenFailure {
+        code,
+        message,
+        refused: true,
+    };
+    let path = resolve(root, name).map_err(|r| match r {
+        Refusal::NotFound => refuse(ErrorCode::NotFound, "file not found"),
+        Refusal::Forbidden => refuse(ErrorCode::AccessViolation, "access violation"),
+    })?;
+    let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => refuse(ErrorCode::NotFound, "file not found"),
+        _ => refuse(ErrorCode::AccessViolation, "access violation"),
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|_| refuse(ErrorCode::AccessViolation, "access violation"))?;
+    if !meta.is_file() {
+        return Err(refuse(ErrorCode::AccessViolation, "not a regular file"));
+    }
+    if !netascii {
+        return Ok((Source::File(file), meta.len()));
+    }
+    if meta.len() > MAX_NETASCII {
+        return Err(refuse(ErrorCode::Undefined, "file too large for netascii"));
+    }
+    let mut raw = Vec::with_capacity(meta.len() as usize);
+    io::Read::read_to_end(&mut &file, &mut raw).map_err(|_| OpenFailure {
+        code: ErrorCode::Undefined,
+        message: "read error",
+        refused: false,
+    })?;
+    let text = to_netascii(&raw);
+    let len = text.len() as u64;
+    Ok((Source::Memory(text), len))
+}
+
+/// LF → CR LF and CR → CR NUL, as RFC 764 and tftpd-hpa do.
+fn to_netascii(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len() + raw.len() / 16);
+    for &b in raw {
+        match b {
+            b'\n' => out.extend_from_slice(b"\r\n"),
+            b'\r' => out.extend_from_slice(b"\r\0"),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// How a transfer ended.
+#[derive(Debug)]
+enum End {
+    Completed,
+    ClientError { code: u16, message: String },
+    TimedOut,
+    Cancelled,
+    Io(io::Error),
+}
+
+async fn transfer(
+    ctx: &Ctx,
+    peer: SocketAddr,
+    local: IpAddr,
+    req: OwnedRequest,
+    cancel: CancellationToken,
+) {
+    let stats = &ctx.stats;
+    let name = String::from_utf8_lossy(&req.filename).into_owned();
+    let sock = match bind_transfer(local) {
+        Ok(s) => s,
+        Err(e) => {
+            stats.failed.inc();
+            tracing::warn!(%peer, file = %name, %local, error = %e, "cannot bind a TFTP transfer socket");
+            return;
+        }
+    };
+    let root = ctx.root.clone();
+    let filename = req.filename;
+    let netascii = req.netascii;
+    let opened = tokio::task::spawn_blocking(move || open(&root, &filename, netascii)).await;
+    let (source, size) = match opened {
+        Ok(Ok(s)) => s,
+        Ok(Err(f)) => {
+            if f.refused {
+                stats.refused.inc();
+            } else {
+                stats.failed.inc();
+            }
+            tracing::info!(%peer, file = %name, reason = f.message, "TFTP request refused");
+            let mut out = Vec::new();
+            packet::encode_error(&mut out, f.code, f.message);
+            let _ = sock.send_to(&out, peer).await;
+            return;
+        }
+        Err(e) => {
+            stats.failed.inc();
+            tracing::warn!(%peer, file = %name, error = %e, "TFTP open task failed");
+            return;
+        }
+    };
+    let options: Vec<(&str, &str)> = req
+        .options
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let neg = negotiate(&options, size, ctx.settings.timeout);
+    tracing::debug!(%peer, file = %name, size, blksize = neg.blksize, windowsize = neg.windowsize, "TFTP transfer starts");
+    let mut t = Transfer {
+        sock,
+        peer,
+        cancel,
+        stats,
+        rbuf: vec![0u8; 1024],
+        retries: ctx.settings.retries,
+    };
+    let end = t.run(&source, &neg).await;
+    match end {
+        End::Completed => {
+            stats.completed.inc();
+            tracing::info!(%peer, file = %name, size, "TFTP transfer completed");
+        }
+        End::ClientError { code, message } => {
+            stats.client_aborts.inc();
+            tracing::info!(%peer, file = %name, code, %message, "TFTP transfer ended by the client");
+        }
+        End::TimedOut => {
+            stats.failed.inc();
+            tracing::warn!(%peer, file = %name, retries = ctx.settings.retries, "TFTP transfer timed out");
+        }
+        End::Cancelled => {
+            stats.failed.inc();
+            let mut out = Vec::new();
+            packet::encode_error(&mut out, ErrorCode::Undefined, "server shutting down");
+            let _ = t.sock.send_to(&out, peer).await;
+            tracing::info!(%peer, file = %name, "TFTP transfer cut by shutdown");
+        }
+        End::Io(e) => {
+            stats.failed.inc();
+            tracing::warn!(%peer, file = %name, error = %e, "TFTP transfer failed");
+            let mut out = Vec::new();
+            packet::encode_error(&mut out, ErrorCode::Undefined, "server error");
+            let _ = t.sock.send_to(&out, peer).await;
+        }
+    }
+}
+
+/// What waiting for the client produced.
+enum Wait {
+    Ack(u16),
+    Timeout,
+    End(End),
+}
+
+struct Transfer<'a> {
+    sock: UdpSocket,
+    peer: SocketAddr,
+    cancel: CancellationToken,
+    stats: &'a TftpStats,
+    rbuf: Vec<u8>,
+    retries: u32,
+}
+
+impl Transfer<'_> {
+    async fn run(&mut self, source: &Source, neg: &super::Negotiated) -> End {
+        let mut tries = 0u32;
+        if !neg.oack.is_empty() {
+            let mut oack = Vec::new();
+            packet::encode_oack(&mut oack, &neg.oack);
+            'oack: loop {
+                if let Err(e) = self.sock.send_to(&oack, self.peer).await {
+                    return End::Io(e);
+                }
+                let deadline = Instant::now() + neg.timeout;
+                loop {
+                    match self.wait(deadline).await {
+                        Wait::Ack(0) => break 'oack,
+                        Wait::Ack(_) => {}
+                        Wait::Timeout => {
+                            tries += 1;
+                            if tries > self.retries {
+                                return End::TimedOut;
+                            }
+                            continue 'oack;
+                        }
+                        Wait::End(e) => return e,
+                    }
+                }
+            }
+        }
+
+        let blksize = neg.blksize;
+        let window = u64::from(neg.windowsize);
+        let mut pkt = vec![0u8; 4 + blksize];
+        // Absolute block numbers: the first block is 1; the wire carries the low
+        // 16 bits, so 65535 is followed by 0 (as tftpd-hpa, curl and atftp expect).
+        let mut acked: u64 = 0;
+        let mut last: Option<u64> = None;
+        tries = 0;
+        loop {
+            let mut sent = acked;
+            while sent < acked + window && last.is_none_or(|l| sent < l) {
+                let block = sent + 1;
+                let n = match source.read_at(&mut pkt[4..], (block - 1) * blksize as u64) {
+                    Ok(n) => n,
+                    Err(e) => return End::Io(e),
+                };
+                packet::put_data_header(&mut pkt, block as u16);
+                if let Err(e) = self.sock.send_to(&pkt[..4 + n], self.peer).await {
+                    return End::Io(e);
+                }
+                self.stats.bytes_sent.add(n as u64);
+                sent = block;
+                if n < blksize {
+                    last = Some(block);
+                }
+            }
+            let deadline = Instant::now() + neg.timeout;
+            loop {
+                match self.wait(deadline).await {
+                    Wait::Ack(wire) => {
+                        let ahead = u64::from(wire.wrapping_sub(acked as u16));
+                        if ahead == 0 || ahead > sent - acked {
+                            // A duplicate or stale ACK: resending on it would
+                            // double the traffic for the rest of the transfer
+                            // (Sorcerer's Apprentice). Only the timeout resends.
+                            continue;
+                        }
+                        acked += ahead;
+                        tries = 0;
+                        if last == Some(acked) {
+                            return End::Completed;
+                        }
+                        // An ACK inside the window means the client lost the
+                        // block after it: the next window starts there.
+                        break;
+                    }
+                    Wait::Timeout => {
+                        tries += 1;
+                        if tries > self.retries {
+                            return End::TimedOut;
+                        }
+                        break;
+                    }
+                    Wait::End(e) => return e,
+                }
+            }
+        }
+    }
+
+    /// Waits for the client's next ACK or ERROR until `deadline`, answering
+    /// strangers with ERROR 5 and ignoring anything else.
+    async fn wait(&mut self, deadline: Instant) -> Wait {
+        loop {
+            let r = tokio::select! {
+                biased;
+                // CANCEL-SAFETY: only waits.
+                _ = self.cancel.cancelled() => return Wait::End(End::Cancelled),
+                // CANCEL-SAFETY: recv_from is cancel-safe; an unread datagram stays queued.
+                r = self.sock.recv_from(&mut self.rbuf) => r,
+                // CANCEL-SAFETY: only waits.
+                _ = tokio::time::sleep_until(deadline) => return Wait::Timeout,
+            };
+            let (n, from) = match r {
+                Ok(r) => r,
+                Err(e) if transient(&e) => continue,
+                Err(e) => return Wait::End(End::Io(e)),
+            };
+            if from != self.peer {
+                self.stats.unknown_tid.inc();
+                let mut out = Vec::new();
+                packet::encode_error(&mut out, ErrorCode::UnknownTid, "unknown transfer ID");
+                let _ = self.sock.send_to(&out, from).await;
+                continue;
+            }
+            match packet::parse_client(&self.rbuf[..n]) {
+                ClientPacket::Ack(b) => return Wait::Ack(b),
+                ClientPacket::Error { code, message } => {
+                    return Wait::End(End::ClientError {
+                        code,
+                        message: String::from_utf8_lossy(message).into_owned(),
+                    });
+                }
+                ClientPacket::Other => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netascii() {
+        assert_eq!(to_netascii(b"a\nb\rc\r\n"), b"a\r\nb\r\0c\r\0\r\n");
+    }
+
+    #[test]
+    fn memory_source_reads() {
+        let s = Source::Memory(b"hello".to_vec());
+        let mut b = [0u8; 3];
+        assert_eq!(s.read_at(&mut b, 0).unwrap(), 3);
+        assert_eq!(s.read_at(&mut b, 3).unwrap(), 2);
+        assert_eq!(&b[..2], b"lo");
+        assert_eq!(s.read_at(&mut b, 5).unwrap(), 0);
+        assert_eq!(s.read_at(&mut b, 99).unwrap(), 0);
+    }
+}
