@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::SqliteConnection;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -15,9 +14,9 @@ use crate::http::error::ApiError;
 use crate::images::{Arch, Family, ImageDef};
 use crate::lifecycle::transition::{Event, Policy, State};
 use crate::lifecycle::worker::{BmcConnector, Lifecycle, StoreBmcs};
-use crate::metrics::{sample, Counter, Render};
+use crate::metrics::{Counter, Render, sample};
 use crate::script::{Action, ArchBoot};
-use crate::store::nodes::{self, NewNode, NodeRow};
+use crate::store::nodes::{NewNode, NodeRow};
 use crate::store::{Store, StoreError};
 
 /// Counters of the HTTP side.
@@ -37,7 +36,7 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     pub api_token: String,
     pub stats: AppStats,
-    pub renders: Mutex<Vec<Arc<dyn Render + Send + Sync>>>,
+    pub renders: Mutex<Vec<Arc<dyn Render>>>,
     known_macs: Mutex<HashSet<String>>,
 }
 
@@ -74,10 +73,34 @@ impl AppState {
     pub fn render_metrics(&self) -> String {
         let mut out = String::new();
         let s = &self.stats;
-        sample(&mut out, "pxed_http_boot_scripts_total", "Per-node iPXE scripts served", "counter", s.scripts.get());
-        sample(&mut out, "pxed_http_installers_served_total", "Scripts that started an install", "counter", s.installers_served.get());
-        sample(&mut out, "pxed_callbacks_stale_token_total", "Callbacks and configs refused for an unknown or stale token", "counter", s.stale_tokens.get());
-        sample(&mut out, "pxed_nodes_discovered_total", "Unknown machines registered as discovered", "counter", s.discovered.get());
+        sample(
+            &mut out,
+            "pxed_http_boot_scripts_total",
+            "Per-node iPXE scripts served",
+            "counter",
+            s.scripts.get(),
+        );
+        sample(
+            &mut out,
+            "pxed_http_installers_served_total",
+            "Scripts that started an install",
+            "counter",
+            s.installers_served.get(),
+        );
+        sample(
+            &mut out,
+            "pxed_callbacks_stale_token_total",
+            "Callbacks and configs refused for an unknown or stale token",
+            "counter",
+            s.stale_tokens.get(),
+        );
+        sample(
+            &mut out,
+            "pxed_nodes_discovered_total",
+            "Unknown machines registered as discovered",
+            "counter",
+            s.discovered.get(),
+        );
         for r in self.renders.lock().expect("lock").iter() {
             r.render(&mut out);
         }
@@ -140,7 +163,10 @@ impl AppState {
                 Err(e) => return Err(e),
             }
         }
-        self.known_macs.lock().expect("lock").insert(mac.to_string());
+        self.known_macs
+            .lock()
+            .expect("lock")
+            .insert(mac.to_string());
         Ok(())
     }
 
@@ -155,11 +181,17 @@ impl AppState {
                 if let Err(e) = self.discover(mac, None).await {
                     tracing::warn!(%mac, error = %e, "registering discovered machine");
                 }
-                return (Action::Discovery, "unknown machine, registered as discovered".into());
+                return (
+                    Action::Discovery,
+                    "unknown machine, registered as discovered".into(),
+                );
             }
             Err(e) => {
                 tracing::error!(%mac, error = %e, "loading node for boot script");
-                return (Action::LocalBoot, "store unavailable: booting local disk".into());
+                return (
+                    Action::LocalBoot,
+                    "store unavailable: booting local disk".into(),
+                );
             }
         };
         let state = node.state.as_str();
@@ -180,7 +212,10 @@ impl AppState {
                 self.stats.installers_served.inc();
                 (
                     action,
-                    format!("reinstall generation {} of node {}", node.generation, node.id),
+                    format!(
+                        "reinstall generation {} of node {}",
+                        node.generation, node.id
+                    ),
                 )
             }
             Err(e) => {
@@ -190,7 +225,12 @@ impl AppState {
         }
     }
 
-    async fn install_action(&self, node: &NodeRow, base: &str, token: &str) -> Result<Action, String> {
+    async fn install_action(
+        &self,
+        node: &NodeRow,
+        base: &str,
+        token: &str,
+    ) -> Result<Action, String> {
         let name = node.image.as_deref().ok_or("node has no image")?;
         let img = self
             .stored_image(name)
@@ -198,15 +238,20 @@ impl AppState {
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("image {name} is not imported"))?;
         let hostname = node.hostname.clone().unwrap_or_default();
-        let mirror = self.cfg.mirror_base.clone().unwrap_or_else(|| format!("{base}/images/"));
+        let mirror = self
+            .cfg
+            .mirror_base
+            .clone()
+            .unwrap_or_else(|| format!("{base}/images/"));
         let config_base = format!("{base}/cfg/{token}");
         let mut arches = Vec::new();
         for arch in Arch::ALL {
             if !img.imported.arches.contains_key(&arch) {
                 continue;
             }
-            let cmdline = crate::images::kernel_cmdline(&img.def, arch, &mirror, &config_base, &hostname)
-                .map_err(|e| e.to_string())?;
+            let cmdline =
+                crate::images::kernel_cmdline(&img.def, arch, &mirror, &config_base, &hostname)
+                    .map_err(|e| e.to_string())?;
             arches.push(ArchBoot {
                 ipxe_arch: arch.as_str(),
                 label: arch.as_str(),
@@ -237,25 +282,22 @@ impl AppState {
             .stored_image(name)
             .await?
             .ok_or_else(|| ApiError::not_found(format!("image {name}")))?;
-        let arch = Arch::parse(&node.arch).unwrap_or(Arch::X86_64);
-        let mirror = self.cfg.mirror_base.clone().unwrap_or_else(|| format!("{base}/images/"));
-        let repo = img
-            .def
-            .arch(arch)
-            .map(|a| crate::images::mirror_url(&mirror, &a.repo))
-            .map_err(|e| ApiError::not_found(e.to_string()))?;
-        let ctx = crate::install::InstallContext {
-            hostname: node.hostname.clone().unwrap_or_else(|| format!("node-{}", node.id)),
-            arch,
-            image: &img.def,
-            repo_url: repo,
-            mirror_base: mirror.clone(),
-            callback_base: format!("{base}/cb/{token}"),
-            config_base: format!("{base}/cfg/{token}"),
-            ssh_authorized_keys: Vec::new(),
-            root_password_hash: None,
-            timezone: "UTC".into(),
-        };
+        let arch = Arch::parse(&node.arch)
+            .filter(|a| img.def.arches.contains_key(a))
+            .or_else(|| img.def.arches.keys().next().copied())
+            .ok_or_else(|| ApiError::not_found(format!("architecture in image {name}")))?;
+        let mirror = self
+            .cfg
+            .mirror_base
+            .clone()
+            .unwrap_or_else(|| format!("{base}/images/"));
+        let hostname = node
+            .hostname
+            .clone()
+            .unwrap_or_else(|| format!("node-{}", node.id));
+        let ctx =
+            crate::install::InstallContext::new(&img.def, arch, &mirror, base, token, &hostname)
+                .map_err(|e| ApiError::not_found(e.to_string()))?;
         let r = match (img.def.family, file) {
             (Family::Kickstart, "kickstart" | "ks.cfg") => crate::install::render_kickstart(&ctx),
             (Family::Autoinstall, "user-data") => crate::install::render_user_data(&ctx),
@@ -271,27 +313,13 @@ impl AppState {
         };
         r.map_err(|e| {
             tracing::error!(node = node.id, error = %e, "rendering install config");
-            ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "render", e.to_string())
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "render",
+                e.to_string(),
+            )
         })
     }
-}
-
-/// Gives a node its hostname on reinstall if it has none: prefix + the boot NIC's last
-/// MAC digits, extended until unique (see [`crate::hostname::hostname_for`]).
-pub async fn assign_hostname(
-    conn: &mut SqliteConnection,
-    row: &mut NodeRow,
-    prefix: String,
-) -> Result<(), StoreError> {
-    if row.hostname.is_some() {
-        return Ok(());
-    }
-    let Some(mac) = nodes::boot_mac_tx(conn, row.id).await? else {
-        return Ok(());
-    };
-    let taken: HashSet<String> = nodes::hostnames_tx(conn).await?.into_iter().collect();
-    row.hostname = Some(crate::hostname::hostname_for(&prefix, &mac, |h| taken.contains(h)));
-    Ok(())
 }
 
 /// Every named interface exists and has an address; a full-mode pool lies in the
@@ -379,6 +407,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             cancel.clone(),
         );
         let stats = Arc::new(crate::tftp::TftpStats::default());
+        state.renders.lock().expect("lock").push(stats.clone());
         tasks.spawn(async move { Ok(crate::tftp::serve(tftp, root, settings, stats, c).await?) });
     }
     // TFTP and DHCP servers are added here.
@@ -389,12 +418,15 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     }
 
     let result = tokio::select! {
+        biased;
         // CANCEL-SAFETY: only waits; nothing is lost when the other branch wins.
         _ = cancel.cancelled() => Ok(()),
         // CANCEL-SAFETY: join_next is cancel-safe.
         Some(r) = tasks.join_next() => {
+            let shutting_down = cancel.is_cancelled();
             cancel.cancel();
             match r {
+                Ok(Ok(())) if shutting_down => Ok(()),
                 Ok(Ok(())) => Err(anyhow::anyhow!("a server stopped unexpectedly")),
                 Ok(Err(e)) => Err(e),
                 Err(e) => Err(anyhow::anyhow!("a server panicked: {e}")),

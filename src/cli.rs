@@ -133,6 +133,7 @@ fn init_tracing() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
+    crate::net::install_crypto_provider();
     match cli.cmd {
         Cmd::CheckConfig(a) => match a.load() {
             Ok(c) => {

@@ -184,7 +184,7 @@ impl Api {
                 .to_string(),
             None => std::env::var("PXED_API_TOKEN").map_err(|_| ClientError::NoToken)?,
         };
-        crate::bmc::install_crypto_provider();
+        crate::net::install_crypto_provider();
         Ok(Api {
             url: a.url.trim_end_matches('/').to_string(),
             token,
@@ -200,10 +200,7 @@ impl Api {
         headers: &[(&str, String)],
     ) -> Result<Value, ClientError> {
         let url = format!("{}/api/v1{path}", self.url);
-        let mut req = self
-            .http
-            .request(method, &url)
-            .bearer_auth(&self.token);
+        let mut req = self.http.request(method, &url).bearer_auth(&self.token);
         for (k, v) in headers {
             req = req.header(*k, v);
         }
@@ -215,7 +212,10 @@ impl Api {
             source,
         })?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|source| ClientError::Http { url, source })?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|source| ClientError::Http { url, source })?;
         let v: Value = if text.is_empty() {
             Value::Null
         } else {
@@ -282,7 +282,9 @@ fn node_row(n: &Value) -> Vec<String> {
     ]
 }
 
-const NODE_HEADERS: &[&str] = &["ID", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "FAILED"];
+const NODE_HEADERS: &[&str] = &[
+    "ID", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "FAILED",
+];
 
 /// Runs `pxed node ...`.
 pub fn run_node(cmd: NodeCmd) -> ExitCode {
@@ -304,7 +306,9 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
         }
         NodeCmd::Show { node, api: a } => {
             let api = Api::new(&a)?;
-            let v = api.call(Method::GET, &format!("/nodes/{node}"), None, &[]).await?;
+            let v = api
+                .call(Method::GET, &format!("/nodes/{node}"), None, &[])
+                .await?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             } else {
@@ -428,18 +432,19 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
             server
         }
     };
-    let cfg = server.load().map_err(|e| ClientError::Other(e.to_string()))?;
+    let cfg = server
+        .load()
+        .map_err(|e| ClientError::Other(e.to_string()))?;
     let store = crate::store::Store::open(&cfg.data_dir)
         .await
         .map_err(|e| ClientError::Other(e.to_string()))?;
     match cmd {
         ImageCmd::Add { image, .. } => {
-            let def = crate::images::find(&cfg.images_catalog, &image)
-                .map_err(|e| ClientError::Other(e.to_string()))?;
+            let def = find_image(&cfg.images_catalog, &image)?;
             let mirror = cfg.mirror_base.clone().ok_or_else(|| {
                 ClientError::Other("set mirror_base in the config (the local OS mirror)".into())
             })?;
-            crate::bmc::install_crypto_provider();
+            crate::net::install_crypto_provider();
             let imported = crate::images::import(&def, &mirror, &cfg.images_dir)
                 .await
                 .map_err(|e| ClientError::Other(e.to_string()))?;
@@ -449,7 +454,8 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
                 crate::images::Family::Preseed => "preseed",
             };
             let stored = crate::app::StoredImage { def, imported };
-            let json = serde_json::to_string(&stored).map_err(|e| ClientError::Other(e.to_string()))?;
+            let json =
+                serde_json::to_string(&stored).map_err(|e| ClientError::Other(e.to_string()))?;
             store
                 .put_image(&stored.def.name, family, &json)
                 .await
@@ -492,6 +498,31 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// A catalog entry by name, or a definition file by path.
+fn find_image(
+    catalog: &std::path::Path,
+    image: &str,
+) -> Result<crate::images::ImageDef, ClientError> {
+    let p = std::path::Path::new(image);
+    if p.extension().is_some_and(|e| e == "toml") && p.exists() {
+        let text = std::fs::read_to_string(p).map_err(|source| ClientError::Read {
+            path: p.to_owned(),
+            source,
+        })?;
+        return crate::images::parse_image(&text, p).map_err(|e| ClientError::Other(e.to_string()));
+    }
+    let all =
+        crate::images::load_catalog(catalog).map_err(|e| ClientError::Other(e.to_string()))?;
+    let names: Vec<String> = all.iter().map(|d| d.name.clone()).collect();
+    all.into_iter().find(|d| d.name == image).ok_or_else(|| {
+        ClientError::Other(format!(
+            "no image {image} in {} (have: {})",
+            catalog.display(),
+            names.join(", ")
+        ))
+    })
+}
+
 /// Runs `pxed bmc ...`.
 pub fn run_bmc(cmd: BmcCmd) -> ExitCode {
     finish(rt().block_on(bmc(cmd)))
@@ -509,10 +540,12 @@ async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
         tls_insecure,
         server,
     } = cmd;
-    crate::bmc::install_crypto_provider();
+    crate::net::install_crypto_provider();
     let ep = match (node, driver, address) {
         (Some(node), _, _) => {
-            let cfg = server.load().map_err(|e| ClientError::Other(e.to_string()))?;
+            let cfg = server
+                .load()
+                .map_err(|e| ClientError::Other(e.to_string()))?;
             let store = crate::store::Store::open(&cfg.data_dir)
                 .await
                 .map_err(|e| ClientError::Other(e.to_string()))?;

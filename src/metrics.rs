@@ -50,7 +50,7 @@ pub fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl 
 }
 
 /// Something that renders its counters.
-pub trait Render {
+pub trait Render: Send + Sync + std::fmt::Debug {
     /// Appends this component's samples to `out`.
     fn render(&self, out: &mut String);
 }

@@ -106,6 +106,12 @@ pub fn bind_udp(
     tokio::net::UdpSocket::from_std(s.into()).map_err(|e| bind_err(addr, e))
 }
 
+/// Installs rustls' ring provider as the process default (reqwest is built without
+/// one). Safe to call more than once.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Binds a TCP listener.
 pub fn bind_tcp(addr: SocketAddr) -> Result<tokio::net::TcpListener, NetError> {
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -51,7 +51,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     use sha2::Digest;
     // Hashing first makes the comparison independent of the lengths too.
     let (ha, hb) = (sha2::Sha256::digest(a), sha2::Sha256::digest(b));
-    ha.iter().zip(hb.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0 && !b.is_empty()
+    ha.iter()
+        .zip(hb.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+        && !b.is_empty()
 }
 
 /// A node as the API shows it (no token, no BMC secret).
@@ -117,7 +121,10 @@ pub async fn view(st: &AppState, n: NodeRow) -> Result<NodeView, ApiError> {
         .collect();
     Ok(NodeView {
         id: n.id,
-        facts: n.facts.as_deref().and_then(|f| serde_json::from_str(f).ok()),
+        facts: n
+            .facts
+            .as_deref()
+            .and_then(|f| serde_json::from_str(f).ok()),
         name: n.name,
         hostname: n.hostname,
         arch: n.arch,
@@ -235,7 +242,9 @@ async fn create_node(
     };
     let arch = req.arch.clone().unwrap_or_else(|| "unknown".into());
     if !["x86_64", "arm64", "unknown"].contains(&arch.as_str()) {
-        return Err(ApiError::bad_request("arch must be x86_64, arm64 or unknown"));
+        return Err(ApiError::bad_request(
+            "arch must be x86_64, arm64 or unknown",
+        ));
     }
     let state = req.state.clone().unwrap_or_else(|| "available".into());
     if !["available", "discovered"].contains(&state.as_str()) {
@@ -286,7 +295,11 @@ async fn create_node(
             "api",
         )
         .await?;
-    let n = st.store.node(id).await?.ok_or_else(|| ApiError::not_found(id))?;
+    let n = st
+        .store
+        .node(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(id))?;
     Ok((StatusCode::CREATED, Json(view(&st, n).await?)))
 }
 
@@ -347,7 +360,9 @@ async fn reinstall(
     if let Some(k) = &key
         && (k.is_empty() || k.len() > 200)
     {
-        return Err(ApiError::bad_request("Idempotency-Key must be 1..200 characters"));
+        return Err(ApiError::bad_request(
+            "Idempotency-Key must be 1..200 characters",
+        ));
     }
     let n = find(&st, &id).await?;
     if let Some(k) = &key
@@ -379,12 +394,6 @@ async fn reinstall(
         image: req.image.clone().or_else(|| st.cfg.default_image.clone()),
         token,
     };
-    let prefix = st.cfg.hostname_prefix.clone();
-    let prepare = move |conn: &mut sqlx::SqliteConnection, row: &mut NodeRow| {
-        let prefix = prefix.clone();
-        Box::pin(crate::app::assign_hostname(conn, row, prefix))
-            as futures::future::BoxFuture<'_, Result<(), crate::store::StoreError>>
-    };
     let answer = |row: &NodeRow, outcome: &Outcome| {
         let s = operation(row, outcome);
         serde_json::to_string(&s).unwrap_or_default()
@@ -396,7 +405,7 @@ async fn reinstall(
             &event,
             "api",
             Hooks {
-                prepare: Some(&prepare),
+                hostname_prefix: Some(&st.cfg.hostname_prefix),
                 idempotency_key: key.as_deref(),
                 answer: Some(&answer),
             },

@@ -29,7 +29,11 @@ impl ApiError {
     }
     /// 404.
     pub fn not_found(what: impl std::fmt::Display) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
     }
     /// 400.
     pub fn bad_request(detail: impl Into<String>) -> Self {

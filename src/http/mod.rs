@@ -76,4 +76,3 @@ async fn boot_script(
         }
     }
 }
-

@@ -7,8 +7,8 @@ use std::str::FromStr;
 use sqlx::SqliteConnection;
 
 use super::transition::{
-    transition, BootToken, Effect, Event, Failure, Node, Outcome, Policy, State, Step,
-    TransitionError,
+    BootToken, Effect, Event, Failure, Node, Outcome, Policy, State, Step, TransitionError,
+    transition,
 };
 use crate::store::nodes::{self, NodeRow};
 use crate::store::{Store, StoreError};
@@ -120,8 +120,8 @@ pub async fn apply(
     if let Some(r) = &t.report {
         new.facts = Some(r.facts.clone());
     }
-    if let Some(prepare) = hooks.prepare {
-        prepare(&mut tx, &mut new).await?;
+    if let Some(prefix) = hooks.hostname_prefix {
+        assign_hostname(&mut tx, &mut new, prefix).await?;
     }
     if !nodes::update_node_tx(&mut tx, &new, row.version).await? {
         return Err(ApplyError::Conflict(id));
@@ -145,27 +145,36 @@ pub async fn apply(
     }
     tx.commit().await?;
     let effects = t.effects.clone();
-    Ok((
-        Applied {
-            node: new,
-            outcome,
-        },
-        effects,
-    ))
+    Ok((Applied { node: new, outcome }, effects))
 }
-
-/// A step run inside the transaction, after the transition and before the write.
-pub type Prepare<'a> = &'a (dyn for<'c> Fn(
-    &'c mut SqliteConnection,
-    &'c mut NodeRow,
-) -> futures::future::BoxFuture<'c, Result<(), StoreError>>
-         + Send
-         + Sync);
 
 /// Optional extras for [`apply`].
 #[derive(Default, Clone, Copy)]
 pub struct Hooks<'a> {
-    pub prepare: Option<Prepare<'a>>,
+    /// Give the node a hostname (this prefix + boot-NIC MAC digits) if it has none.
+    pub hostname_prefix: Option<&'a str>,
+    /// Record the answer under this idempotency key in the same transaction.
     pub idempotency_key: Option<&'a str>,
     pub answer: Option<&'a (dyn Fn(&NodeRow, &Outcome) -> String + Send + Sync)>,
+}
+
+/// Gives a node its hostname if it has none: prefix + the boot NIC's last MAC digits,
+/// extended until unique (see [`crate::hostname::hostname_for`]).
+async fn assign_hostname(
+    conn: &mut SqliteConnection,
+    row: &mut NodeRow,
+    prefix: &str,
+) -> Result<(), StoreError> {
+    if row.hostname.is_some() {
+        return Ok(());
+    }
+    let Some(mac) = nodes::boot_mac_tx(conn, row.id).await? else {
+        return Ok(());
+    };
+    let taken: std::collections::HashSet<String> =
+        nodes::hostnames_tx(conn).await?.into_iter().collect();
+    row.hostname = Some(crate::hostname::hostname_for(prefix, &mac, |h| {
+        taken.contains(h)
+    }));
+    Ok(())
 }

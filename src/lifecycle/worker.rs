@@ -14,13 +14,15 @@ use tokio_util::task::TaskTracker;
 use super::apply::{self, Applied, ApplyError, Hooks};
 use super::transition::{BmcStep, Effect, Event, Policy, State};
 use crate::bmc::{self, Bmc, BmcEndpoint, BmcError, NextBoot, Secret, TlsPolicy};
-use crate::store::nodes::parse_time;
 use crate::store::Store;
+use crate::store::nodes::parse_time;
 
 /// Why a BMC step could not even start.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("no BMC is configured for this node (add one, or power-cycle it by hand and mark it failed/retry)")]
+    #[error(
+        "no BMC is configured for this node (add one, or power-cycle it by hand and mark it failed/retry)"
+    )]
     NoBmc,
     #[error("unknown BMC driver {0:?}")]
     Driver(String),
@@ -67,7 +69,11 @@ impl StoreBmcs {
             address: row.address,
             username: row.username,
             password: Secret::new(password),
-            match_mac: if row.system_id.is_none() { boot_mac } else { None },
+            match_mac: if row.system_id.is_none() {
+                boot_mac
+            } else {
+                None
+            },
             system_id: row.system_id,
             match_uuid: None,
             tls: if row.tls_insecure == 1 {
@@ -147,7 +153,8 @@ impl Lifecycle {
         actor: &str,
         hooks: Hooks<'_>,
     ) -> Result<Applied, ApplyError> {
-        let (applied, effects) = apply::apply(&self.store, &self.policy, id, event, actor, hooks).await?;
+        let (applied, effects) =
+            apply::apply(&self.store, &self.policy, id, event, actor, hooks).await?;
         if !effects.is_empty() {
             tracing::debug!(node = id, event = event.name(), to = %applied.node.state, ?effects, "applied");
         }
@@ -213,7 +220,14 @@ impl Lifecycle {
         }
     }
 
-    fn spawn_bmc(self: &Arc<Self>, id: i64, step: BmcStep, generation: i64, attempt: u32, delay: Duration) {
+    fn spawn_bmc(
+        self: &Arc<Self>,
+        id: i64,
+        step: BmcStep,
+        generation: i64,
+        attempt: u32,
+        delay: Duration,
+    ) {
         let me = self.clone();
         self.tasks.spawn(async move {
             tokio::select! {
@@ -225,13 +239,23 @@ impl Lifecycle {
         });
     }
 
-    async fn bmc_step(self: &Arc<Self>, id: i64, step: BmcStep, generation: i64, attempt: u32, delay: Duration) {
+    async fn bmc_step(
+        self: &Arc<Self>,
+        id: i64,
+        step: BmcStep,
+        generation: i64,
+        attempt: u32,
+        delay: Duration,
+    ) {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
         // A backoff may have outlived the plan (quarantined, retried, new generation).
         match self.store.node(id).await {
-            Ok(Some(n)) if n.state == State::Reclaiming.as_str() && n.generation == generation && n.attempt == i64::from(attempt) => {}
+            Ok(Some(n))
+                if n.state == State::Reclaiming.as_str()
+                    && n.generation == generation
+                    && n.attempt == i64::from(attempt) => {}
             Ok(_) => {
                 tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
                 return;
@@ -246,8 +270,14 @@ impl Lifecycle {
             Ok(driver) => {
                 tracing::info!(node = id, %step, %driver, generation, attempt, "BMC step done");
                 match step {
-                    BmcStep::SetNetboot => Event::NetbootSet { generation, attempt },
-                    BmcStep::PowerCycle => Event::PowerCycled { generation, attempt },
+                    BmcStep::SetNetboot => Event::NetbootSet {
+                        generation,
+                        attempt,
+                    },
+                    BmcStep::PowerCycle => Event::PowerCycled {
+                        generation,
+                        attempt,
+                    },
                 }
             }
             Err(reason) => {
@@ -299,7 +329,11 @@ impl Lifecycle {
                 Ok(_) => return,
             }
         }
-        tracing::error!(node = id, event = event.name(), "event lost to repeated conflicts");
+        tracing::error!(
+            node = id,
+            event = event.name(),
+            "event lost to repeated conflicts"
+        );
     }
 
     /// Re-arms deadlines and re-runs interrupted BMC steps from the store (after a

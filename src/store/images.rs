@@ -16,9 +16,11 @@ pub struct ImageRow {
 impl Store {
     /// All imported images.
     pub async fn images(&self) -> Result<Vec<ImageRow>, StoreError> {
-        Ok(sqlx::query_as!(ImageRow, "SELECT * FROM images ORDER BY name")
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_as!(ImageRow, "SELECT * FROM images ORDER BY name")
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     /// One image.
@@ -31,7 +33,12 @@ impl Store {
     }
 
     /// Inserts or replaces an image.
-    pub async fn put_image(&self, name: &str, family: &str, definition: &str) -> Result<(), StoreError> {
+    pub async fn put_image(
+        &self,
+        name: &str,
+        family: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
         let at = super::nodes::now();
         sqlx::query!(
             r#"INSERT INTO images (name, family, definition, imported_at) VALUES (?, ?, ?, ?)

@@ -163,13 +163,11 @@ impl Store {
 
     /// The node whose current boot token is `token`.
     pub async fn node_by_token(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
-        Ok(sqlx::query_as!(
-            NodeRow,
-            "SELECT * FROM nodes WHERE boot_token = ?",
-            token
+        Ok(
+            sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE boot_token = ?", token)
+                .fetch_optional(&self.pool)
+                .await?,
         )
-        .fetch_optional(&self.pool)
-        .await?)
     }
 
     /// All nodes, by id.
@@ -231,9 +229,13 @@ impl Store {
 
     /// Stores the TLS fingerprint pinned on first use.
     pub async fn pin_bmc_cert(&self, node_id: i64, pin: &str) -> Result<(), StoreError> {
-        sqlx::query!("UPDATE bmcs SET tls_pin = ? WHERE node_id = ?", pin, node_id)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query!(
+            "UPDATE bmcs SET tls_pin = ? WHERE node_id = ?",
+            pin,
+            node_id
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -266,13 +268,12 @@ impl Store {
 
     /// Whether a hostname is used by any node.
     pub async fn hostname_taken(&self, hostname: &str) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar!(
-            "SELECT COUNT(*) FROM nodes WHERE hostname = ?",
-            hostname
+        Ok(
+            sqlx::query_scalar!("SELECT COUNT(*) FROM nodes WHERE hostname = ?", hostname)
+                .fetch_one(&self.pool)
+                .await?
+                > 0,
         )
-        .fetch_one(&self.pool)
-        .await?
-            > 0)
     }
 
     /// All hostnames in use.
