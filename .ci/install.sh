@@ -7,7 +7,8 @@ PEERS_DIR=${PEERS_DIR:-/tmp/pxed-peers}
 
 pkgs=(iproute2 dnsmasq-base isc-dhcp-client dhcpcd-base udhcpc busybox-static
       tftp-hpa atftp tftpd-hpa curl openipmi ipmitool kea-admin hyperfine
-      systemd python3-venv ca-certificates)
+      systemd python3-venv ca-certificates shellcheck cloud-init python3-jsonschema python3-yaml
+      debconf)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -17,6 +18,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# cloud-init is installed only for `cloud-init schema`; never let it act on this machine.
+mkdir -p /etc/cloud && touch /etc/cloud/cloud-init.disabled
 
 # Python peers: sushy-tools (Redfish emulator), pykickstart (ksvalidator), cloud-init (schema).
 venv=$PEERS_DIR/venv

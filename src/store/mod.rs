@@ -47,8 +47,15 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(5));
+        // All connections opened up front and never recycled or pinged: SQLite is a
+        // local file, and timers in the pool would otherwise race the lifecycle's
+        // deadlines under tokio's paused clock in tests.
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .min_connections(8)
+            .test_before_acquire(false)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;

@@ -1,0 +1,678 @@
+//! The reinstall loop through HTTP, in-process, with a recording BMC double:
+//! register → reinstall → installer script → installed → local boot → first-boot →
+//! health → available; deadlines with paused time; idempotency; stale tokens.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use pxed::app::{AppState, StoredImage};
+use pxed::bmc::{
+    Bmc, BmcError, BootOverride, CheckReport, Driver, NextBoot, OverrideEnabled, PowerState,
+};
+use pxed::config::{self, Flags};
+use pxed::images::{Arch, ImportedArch, ImportedFile, ImportedImage};
+use pxed::lifecycle::worker::{BmcConnector, ConnectError};
+use pxed::store::Store;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "test-api-token";
+
+/// Records every call; fails the first `fail_cycles` power cycles; `hang` never answers.
+#[derive(Debug, Default)]
+pub struct RecordingBmc {
+    pub calls: Mutex<Vec<String>>,
+    pub fail_cycles: AtomicU32,
+    pub hang: bool,
+}
+
+impl RecordingBmc {
+    fn record(&self, s: &str) {
+        self.calls.lock().unwrap().push(s.to_string());
+    }
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Bmc for RecordingBmc {
+    fn driver(&self) -> Driver {
+        Driver::Redfish
+    }
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+        self.record("power_state");
+        Box::pin(async { Ok(PowerState::On) })
+    }
+    fn set_next_boot(&self, next: NextBoot) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+        self.record(&format!(
+            "set_next_boot {:?} once={}",
+            next.target, next.once
+        ));
+        Box::pin(async {
+            Ok(BootOverride {
+                target: "Pxe".into(),
+                enabled: OverrideEnabled::Once,
+                mode: None,
+                http_uri: None,
+            })
+        })
+    }
+    fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+        self.record("boot_override");
+        Box::pin(async {
+            Ok(BootOverride {
+                target: "Pxe".into(),
+                enabled: OverrideEnabled::Once,
+                mode: None,
+                http_uri: None,
+            })
+        })
+    }
+    fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+        self.record("power_cycle");
+        let hang = self.hang;
+        let fail = self
+            .fail_cycles
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        Box::pin(async move {
+            if hang {
+                futures::future::pending::<()>().await;
+            }
+            if fail {
+                return Err(BmcError::NotSupported {
+                    driver: Driver::Redfish,
+                    step: pxed::bmc::Step::Power,
+                    what: "test double refuses the reset".into(),
+                });
+            }
+            Ok(())
+        })
+    }
+    fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+        self.record("power_on");
+        Box::pin(async { Ok(()) })
+    }
+    fn power_off(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+        self.record("power_off");
+        Box::pin(async { Ok(()) })
+    }
+    fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>> {
+        unreachable!("the lifecycle never calls check")
+    }
+}
+
+struct Double(Arc<RecordingBmc>);
+
+impl BmcConnector for Double {
+    fn connect<'a>(
+        &'a self,
+        _store: &'a Store,
+        _id: i64,
+    ) -> BoxFuture<'a, Result<Arc<dyn Bmc>, ConnectError>> {
+        let b: Arc<dyn Bmc> = self.0.clone();
+        Box::pin(async move { Ok(b) })
+    }
+}
+
+/// pxed's HTTP side in-process on 127.0.0.1:0 with a recording BMC.
+struct Harness {
+    _dir: tempfile::TempDir,
+    st: Arc<AppState>,
+    bmc: Arc<RecordingBmc>,
+    base: String,
+    http: reqwest::Client,
+    cancel: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+fn file(p: &str) -> ImportedFile {
+    ImportedFile {
+        source: format!("http://mirror/{p}"),
+        path: p.into(),
+        sha256: "00".repeat(32),
+        size: 1,
+    }
+}
+
+impl Harness {
+    async fn new(env: &[(&str, &str)], bmc: RecordingBmc) -> Harness {
+        pxed::net::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let flags = Flags {
+            demo: true,
+            data_dir: Some(dir.path().join("data")),
+            ..Default::default()
+        };
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let mut cfg = config::load(None, env, &flags).unwrap();
+        cfg.images_catalog = crate::common::repo().join("images");
+        cfg.templates_dir = None;
+        cfg.ipxe_dir = crate::common::repo().join("ipxe/bin");
+        let store = Store::open(&cfg.data_dir).await.unwrap();
+        // "Import" rocky-9 from the repo's catalog without downloading anything.
+        let def = pxed::images::load_catalog(&cfg.images_catalog)
+            .unwrap()
+            .into_iter()
+            .find(|d| d.name == "rocky-9")
+            .expect("rocky-9 in images/");
+        let mut arches = BTreeMap::new();
+        for a in [Arch::X86_64, Arch::Arm64] {
+            arches.insert(
+                a,
+                ImportedArch {
+                    kernel: file("kernel"),
+                    initrd: file("initrd"),
+                },
+            );
+        }
+        let imported = ImportedImage {
+            name: def.name.clone(),
+            family: def.family,
+            arches,
+        };
+        let stored = serde_json::to_string(&StoredImage { def, imported }).unwrap();
+        store
+            .put_image("rocky-9", "kickstart", &stored)
+            .await
+            .unwrap();
+        let cancel = CancellationToken::new();
+        let bmc = Arc::new(bmc);
+        let st = AppState::new(
+            Arc::new(cfg),
+            store,
+            Arc::new(Double(bmc.clone())),
+            TOKEN.into(),
+            cancel.clone(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(pxed::http::serve(listener, st.clone(), cancel.clone()));
+        Harness {
+            _dir: dir,
+            st,
+            bmc,
+            base,
+            http: reqwest::Client::new(),
+            cancel,
+        }
+    }
+
+    async fn api(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        key: Option<&str>,
+    ) -> (u16, Value) {
+        let mut r = self
+            .http
+            .request(method, format!("{}/api/v1{path}", self.base))
+            .bearer_auth(TOKEN);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        if let Some(k) = key {
+            r = r.header("Idempotency-Key", k);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get_text(&self, path: &str) -> (u16, String) {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.text().await.unwrap())
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let s = resp.status().as_u16();
+        (s, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn register(&self, mac: &str) -> i64 {
+        let (s, v) = self
+            .api(
+                reqwest::Method::POST,
+                "/nodes",
+                Some(json!({"macs": [mac], "arch": "x86_64"})),
+                None,
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_i64().unwrap()
+    }
+
+    async fn node(&self, id: i64) -> Value {
+        let (s, v) = self
+            .api(reqwest::Method::GET, &format!("/nodes/{id}"), None, None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+
+    /// Polls the node until it is in `state` (real or paused time).
+    async fn wait_state(&self, id: i64, state: &str) -> Value {
+        for _ in 0..2000 {
+            let n = self.node(id).await;
+            if n["state"] == state {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("node {id} never reached {state}: {}", self.node(id).await);
+    }
+}
+
+fn token_from_script(script: &str) -> String {
+    let i = script.find("/cfg/").expect("config URL in script") + 5;
+    script[i..].split('/').next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn reinstall_loop_installs_exactly_once() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:01";
+    let id = h.register(mac).await;
+    assert_eq!(h.node(id).await["state"], "available");
+
+    let (s, op) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+            Some("k-1"),
+        )
+        .await;
+    assert_eq!(s, 202, "{op}");
+    assert_eq!(op["generation"], 1);
+    assert_eq!(op["state"], "reclaiming");
+
+    let n = h.wait_state(id, "netbooting").await;
+    assert_eq!(n["hostname"], "node-aabb01");
+    assert_eq!(
+        h.bmc.calls(),
+        vec!["set_next_boot Pxe once=true", "power_cycle"]
+    );
+
+    // The script serves the installer (both arches) and moves the node to installing.
+    let (s, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert_eq!(s, 200);
+    assert!(script.contains("/images/rocky-9/x86_64/kernel"), "{script}");
+    assert!(script.contains("/images/rocky-9/arm64/kernel"), "{script}");
+    assert!(script.contains("inst.ks="), "{script}");
+    let token = token_from_script(&script);
+    assert_eq!(h.node(id).await["state"], "installing");
+
+    let (s, ks) = h.get_text(&format!("/cfg/{token}/kickstart")).await;
+    assert_eq!(s, 200, "{ks}");
+    assert!(ks.contains("node-aabb01"), "{ks}");
+    assert!(ks.contains("multi-user.target"), "{ks}");
+
+    let (s, v) = h.post(&format!("/cb/{token}/installed"), json!({})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "first_boot");
+
+    // Firmware that keeps PXE first now gets local boot: no second install.
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert!(script.contains("sanboot"), "{script}");
+    assert!(!script.contains("kernel "), "{script}");
+
+    // Health before the first-boot report is refused.
+    let (s, _) = h
+        .post(&format!("/cb/{token}/health"), json!({"status": "pass"}))
+        .await;
+    assert_eq!(s, 409);
+
+    let (s, v) = h
+        .post(
+            &format!("/cb/{token}/first-boot"),
+            json!({"hostname": "node-aabb01", "arch": "x86_64", "facts": {"cpus": 8, "gpus": 1}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = h
+        .post(&format!("/cb/{token}/health"), json!({"status": "pass"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "available");
+
+    let n = h.node(id).await;
+    assert_eq!(n["facts"]["hardware"]["gpus"], 1);
+    let events: Vec<String> = n["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "registered",
+            "reinstall_requested",
+            "netboot_set",
+            "power_cycled",
+            "installer_served",
+            "install_finished",
+            "first_boot_reported",
+            "health_passed"
+        ]
+    );
+    // The used token is dead now.
+    let (s, v) = h.post(&format!("/cb/{token}/installed"), json!({})).await;
+    assert_eq!(s, 403, "{v}");
+    assert_eq!(v["error"], "stale_token");
+    // Secrets and tokens never appear in API output.
+    assert!(!n.to_string().contains(&token));
+}
+
+#[tokio::test]
+async fn reinstall_is_idempotent() {
+    let bmc = RecordingBmc {
+        hang: true,
+        ..Default::default()
+    };
+    let h = Harness::new(&[], bmc).await;
+    let id = h.register("52:54:00:aa:bb:02").await;
+    let path = format!("/nodes/{id}/reinstall");
+    let body = Some(json!({"image": "rocky-9"}));
+    let (s1, a) = h
+        .api(reqwest::Method::POST, &path, body.clone(), Some("key-a"))
+        .await;
+    let (s2, b) = h
+        .api(reqwest::Method::POST, &path, body.clone(), Some("key-a"))
+        .await;
+    assert_eq!((s1, s2), (202, 202));
+    assert_eq!(a, b, "same key, same answer");
+    // Another request while reclaiming: the current operation, not a second one.
+    let (s3, c) = h
+        .api(reqwest::Method::POST, &path, body.clone(), Some("key-b"))
+        .await;
+    assert_eq!(s3, 200, "{c}");
+    assert_eq!(c["already_in_progress"], true);
+    assert_eq!(c["generation"], 1);
+    let (s4, d) = h.api(reqwest::Method::POST, &path, body, None).await;
+    assert_eq!((s4, d["generation"].as_i64()), (200, Some(1)));
+    let n = h.node(id).await;
+    assert_eq!(n["generation"], 1);
+    let reinstalls = n["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "reinstall_requested")
+        .count();
+    assert_eq!(reinstalls, 1);
+    // The key is bound to its node.
+    let other = h.register("52:54:00:aa:bb:03").await;
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{other}/reinstall"),
+            None,
+            Some("key-a"),
+        )
+        .await;
+    assert_eq!(s, 422, "{v}");
+}
+
+#[tokio::test]
+async fn stale_tokens_are_refused() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:04";
+    let id = h.register(mac).await;
+    let path = format!("/nodes/{id}/reinstall");
+    let img = Some(json!({"image": "rocky-9"}));
+    h.api(reqwest::Method::POST, &path, img.clone(), None).await;
+    h.wait_state(id, "netbooting").await;
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    let old = token_from_script(&script);
+    // Operator gives up on this install and starts another generation.
+    let (s, _) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/actions/fail"),
+            Some(json!({"reason": "disk swapped"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    h.api(reqwest::Method::POST, &path, img, None).await;
+    h.wait_state(id, "netbooting").await;
+    for cb in ["installed", "first-boot", "health"] {
+        let (s, v) = h
+            .post(
+                &format!("/cb/{old}/{cb}"),
+                json!({"hostname": "x", "status": "pass"}),
+            )
+            .await;
+        assert_eq!(s, 403, "{cb}: {v}");
+    }
+    let (s, _) = h.get_text(&format!("/cfg/{old}/kickstart")).await;
+    assert_eq!(s, 403);
+    let (s, _) = h.get_text("/cfg/not-a-token/kickstart").await;
+    assert_eq!(s, 403);
+    let n = h.node(id).await;
+    assert_eq!(n["state"], "netbooting");
+    assert_eq!(n["generation"], 2);
+    assert!(h.st.stats.stale_tokens.get() >= 5);
+}
+
+#[tokio::test]
+async fn deadline_expiry_retries_then_fails_with_the_stage() {
+    // A power cycle that never answers: the reclaiming deadline fires, the step is
+    // retried with backoff, and after max_attempts the node fails naming the stage.
+    let bmc = RecordingBmc {
+        hang: true,
+        ..Default::default()
+    };
+    let h = Harness::new(
+        &[
+            ("PXED_LIFECYCLE__MAX_ATTEMPTS", "2"),
+            ("PXED_LIFECYCLE__BACKOFF", "5s"),
+            ("PXED_LIFECYCLE__DEADLINES__RECLAIMING", "60s"),
+        ],
+        bmc,
+    )
+    .await;
+    let id = h.register("52:54:00:aa:bb:05").await;
+    // Virtual time from here on: the 60 s deadlines and backoffs pass instantly.
+    tokio::time::pause();
+    let (s, _) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202);
+    let n = h.wait_state(id, "failed").await;
+    assert_eq!(n["failed_step"], "reclaiming");
+    assert_eq!(n["failed_reason"], "deadline");
+    let expired = n["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "deadline_expired")
+        .count();
+    assert_eq!(expired, 3, "two retries, then failed: {:#}", n["events"]);
+    // Under the paused clock a deadline may pre-empt a retry before it reaches the BMC,
+    // so the number of calls varies; the order may not: never a power cycle without a
+    // fresh one-time netboot before it (the override is consumed by each boot).
+    let calls = h.bmc.calls();
+    let mut netboot_set = false;
+    for c in &calls {
+        match c.as_str() {
+            "power_cycle" => {
+                assert!(netboot_set, "power cycle without netboot: {calls:?}");
+                netboot_set = false;
+            }
+            c if c.starts_with("set_next_boot Pxe once=true") => netboot_set = true,
+            other => panic!("unexpected BMC call {other}"),
+        }
+    }
+    assert!(calls.len() <= 6, "{calls:?}");
+}
+
+#[tokio::test]
+async fn bmc_failures_retry_then_fail_with_the_bmc_message() {
+    let bmc = RecordingBmc {
+        fail_cycles: AtomicU32::new(100),
+        ..Default::default()
+    };
+    // Real time with a short backoff: under the paused clock the reclaim deadline could
+    // pre-empt the BMC retries (see above), and here the BMC's answer is what we test.
+    let h = Harness::new(
+        &[
+            ("PXED_LIFECYCLE__MAX_ATTEMPTS", "1"),
+            ("PXED_LIFECYCLE__BACKOFF", "20ms"),
+        ],
+        bmc,
+    )
+    .await;
+    let id = h.register("52:54:00:aa:bb:06").await;
+    h.api(
+        reqwest::Method::POST,
+        &format!("/nodes/{id}/reinstall"),
+        Some(json!({"image": "rocky-9"})),
+        None,
+    )
+    .await;
+    let n = h.wait_state(id, "failed").await;
+    assert_eq!(n["failed_step"], "power_cycle");
+    let reason = n["failed_reason"].as_str().unwrap();
+    assert!(reason.contains("test double refuses the reset"), "{reason}");
+    assert!(reason.contains("redfish"), "{reason}");
+    let cycles = h.bmc.calls().iter().filter(|c| *c == "power_cycle").count();
+    assert_eq!(cycles, 2, "one try and one retry");
+}
+
+#[tokio::test]
+async fn bad_input_gets_json_errors_and_changes_nothing() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let id = h.register("52:54:00:aa:bb:07").await;
+    let before = h.node(id).await;
+    let url = |p: &str| format!("{}/api/v1{p}", h.base);
+    // No token, wrong token.
+    let r = h.http.get(url("/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "unauthorized");
+    let r = h
+        .http
+        .get(url("/nodes"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // Malformed JSON.
+    let r = h
+        .http
+        .post(url("/nodes"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{\"macs\": [")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["detail"].as_str().unwrap().len() > 3, "{v}");
+    // Unknown fields, bad MAC, unknown node, unknown image.
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            "/nodes",
+            Some(json!({"macs": ["zz"]})),
+            None,
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (400, Some("bad_request")));
+    let (s, _) = h
+        .api(
+            reqwest::Method::POST,
+            "/nodes",
+            Some(json!({"macs": ["52:54:00:00:00:01"], "colour": 1})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 422);
+    let (s, v) = h.api(reqwest::Method::GET, "/nodes/999", None, None).await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/reinstall"),
+            Some(json!({"image": "nope"})),
+            None,
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (422, Some("unknown_image")));
+    let (s, _) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/reinstall"),
+            Some(json!({"image": 5})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 400);
+    // Oversized body.
+    let big = "x".repeat(200_000);
+    let r = h
+        .http
+        .post(url("/nodes"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(format!("{{\"name\": \"{big}\", \"macs\": []}}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "too_large");
+    // Duplicate MAC.
+    let (s, _) = h
+        .api(
+            reqwest::Method::POST,
+            "/nodes",
+            Some(json!({"macs": ["52:54:00:aa:bb:07"]})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 409);
+    // Nothing changed.
+    let after = h.node(id).await;
+    assert_eq!(before["state"], after["state"]);
+    assert_eq!(before["events"], after["events"]);
+    let (_, all) = h.api(reqwest::Method::GET, "/nodes", None, None).await;
+    assert_eq!(all.as_array().unwrap().len(), 1);
+}
