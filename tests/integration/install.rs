@@ -684,6 +684,11 @@ async fn agent_reports_to_a_real_server() {
     let mut child = tokio::process::Command::new("sh")
         .arg(&script)
         .env("PXED_FIRSTBOOT_DONE", &done)
+        // The callback server is on loopback: never through a proxy.
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("all_proxy")
+        .env_remove("ALL_PROXY")
         .kill_on_drop(true)
         .spawn()
         .unwrap();
