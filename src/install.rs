@@ -225,7 +225,7 @@ fn check(ctx: &InstallContext<'_>) -> Result<(), InstallError> {
             ));
         }
     }
-    for (name, _) in &ctx.extra_repos {
+    for name in ctx.extra_repos.keys() {
         if !plain(name) {
             return Err(invalid("extra_repos", "names must be plain words"));
         }
@@ -284,6 +284,14 @@ fn installed_json(ctx: &InstallContext<'_>) -> String {
     .expect("a struct of strings serializes")
 }
 
+/// askama drops the template's final newline; configs are text files and end with one.
+fn finish(mut s: String) -> String {
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
 fn json(s: &str) -> String {
     serde_json::Value::from(s).to_string()
 }
@@ -322,14 +330,16 @@ struct Kickstart<'a> {
 /// The Anaconda kickstart (`/cfg/{token}/kickstart`) for a [`Family::Kickstart`] image.
 pub fn render_kickstart(ctx: &InstallContext<'_>) -> Result<String, InstallError> {
     want_family(ctx, Family::Kickstart)?;
-    Ok(Kickstart {
-        c: ctx,
-        agent: firstboot_files(ctx)?,
-        arm64: ctx.arch == Arch::Arm64,
-        console: ctx.arch.serial_console(),
-        installed_json: installed_json(ctx),
-    }
-    .render()?)
+    Ok(finish(
+        Kickstart {
+            c: ctx,
+            agent: firstboot_files(ctx)?,
+            arm64: ctx.arch == Arch::Arm64,
+            console: ctx.arch.serial_console(),
+            installed_json: installed_json(ctx),
+        }
+        .render()?,
+    ))
 }
 
 #[derive(Template)]
@@ -351,19 +361,22 @@ struct UserData<'a> {
 /// the image's `extra_repos.archive`, when it has one.
 pub fn render_user_data(ctx: &InstallContext<'_>) -> Result<String, InstallError> {
     want_family(ctx, Family::Autoinstall)?;
-    Ok(UserData {
-        c: ctx,
-        agent: firstboot_files(ctx)?,
-        arm64: ctx.arch == Arch::Arm64,
-        debian_arch: ctx.arch.debian(),
-        archive_json: ctx.extra_repos.get("archive").map(|u| json(u)),
-        timezone_json: json(&ctx.timezone),
-        // `!` is a locked password: key-only login.
-        password_json: json(ctx.root_password_hash.as_deref().unwrap_or("!")),
-        ssh_keys_json: serde_json::to_string(&ctx.ssh_authorized_keys).expect("strings serialize"),
-        installed_json: installed_json(ctx),
-    }
-    .render()?)
+    Ok(finish(
+        UserData {
+            c: ctx,
+            agent: firstboot_files(ctx)?,
+            arm64: ctx.arch == Arch::Arm64,
+            debian_arch: ctx.arch.debian(),
+            archive_json: ctx.extra_repos.get("archive").map(|u| json(u)),
+            timezone_json: json(&ctx.timezone),
+            // `!` is a locked password: key-only login.
+            password_json: json(ctx.root_password_hash.as_deref().unwrap_or("!")),
+            ssh_keys_json: serde_json::to_string(&ctx.ssh_authorized_keys)
+                .expect("strings serialize"),
+            installed_json: installed_json(ctx),
+        }
+        .render()?,
+    ))
 }
 
 #[derive(Template)]
@@ -378,11 +391,13 @@ struct MetaData<'a> {
 pub fn render_meta_data(ctx: &InstallContext<'_>) -> Result<String, InstallError> {
     check(ctx)?;
     let digest = hex::encode(Sha256::digest(ctx.config_base.as_bytes()));
-    Ok(MetaData {
-        c: ctx,
-        instance_id: format!("pxed-{}-{}", ctx.hostname, &digest[..12]),
-    }
-    .render()?)
+    Ok(finish(
+        MetaData {
+            c: ctx,
+            instance_id: format!("pxed-{}-{}", ctx.hostname, &digest[..12]),
+        }
+        .render()?,
+    ))
 }
 
 /// debian-installer's mirror questions, split out of the repository URL.
@@ -441,18 +456,20 @@ pub fn render_preseed(ctx: &InstallContext<'_>) -> Result<String, InstallError> 
         .iter()
         .map(|k| format!("{k}\n"))
         .collect::<String>();
-    Ok(Preseed {
-        c: ctx,
-        arm64: ctx.arch == Arch::Arm64,
-        console: ctx.arch.serial_console(),
-        mirror: mirror_parts(&ctx.repo_url)?,
-        root_hash: ctx.root_password_hash.as_deref().unwrap_or("!"),
-        script_b64: b64(&format!("{}\n", agent.script)),
-        unit_b64: b64(&format!("{}\n", agent.unit)),
-        ssh_keys_b64: (!keys.is_empty()).then(|| b64(&keys)),
-        installed_json: installed_json(ctx),
-    }
-    .render()?)
+    Ok(finish(
+        Preseed {
+            c: ctx,
+            arm64: ctx.arch == Arch::Arm64,
+            console: ctx.arch.serial_console(),
+            mirror: mirror_parts(&ctx.repo_url)?,
+            root_hash: ctx.root_password_hash.as_deref().unwrap_or("!"),
+            script_b64: b64(&format!("{}\n", agent.script)),
+            unit_b64: b64(&format!("{}\n", agent.unit)),
+            ssh_keys_b64: (!keys.is_empty()).then(|| b64(&keys)),
+            installed_json: installed_json(ctx),
+        }
+        .render()?,
+    ))
 }
 
 /// Renders the config(s) the image's family reads, as `(file name, content)` pairs
@@ -640,6 +657,16 @@ mod tests {
                         .collect();
                     assert!(body.contains(indented.trim_start()), "{body}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn configs_end_with_newline() {
+        let cat = catalog();
+        for d in &cat {
+            for (name, body) in render_for(&ctx(&cat, &d.name, Arch::X86_64)).unwrap() {
+                assert!(body.ends_with('\n') && !body.ends_with("\n\n"), "{name}");
             }
         }
     }

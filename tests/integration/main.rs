@@ -2,4 +2,5 @@
 
 mod common;
 mod daemon;
+mod install;
 mod lifecycle;
