@@ -129,10 +129,10 @@ pub async fn serve(
                 .collect(),
         };
         let (ctx, cancel) = (ctx.clone(), cancel.clone());
+        stats.active.inc();
+        let active = ActiveGuard(stats.clone());
         transfers.spawn(async move {
-            let _permit: OwnedSemaphorePermit = permit;
-            ctx.stats.active.inc();
-            let _active = ActiveGuard(&ctx.stats);
+            let _held: (OwnedSemaphorePermit, ActiveGuard) = (permit, active);
             transfer(&ctx, peer, local_ip, owned, cancel).await;
         });
     };
@@ -157,10 +157,11 @@ struct OwnedRequest {
     options: Vec<(String, String)>,
 }
 
-/// Decrements the active gauge however the transfer task ends.
-struct ActiveGuard<'a>(&'a TftpStats);
+/// Decrements the active gauge however the transfer task ends, even if it is
+/// dropped unpolled.
+struct ActiveGuard(Arc<TftpStats>);
 
-impl Drop for ActiveGuard<'_> {
+impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.0.active.dec();
     }

@@ -4,3 +4,4 @@ mod common;
 mod daemon;
 mod install;
 mod lifecycle;
+mod tftp;
