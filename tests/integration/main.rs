@@ -1,1 +1,2 @@
 //! Integration tests: one binary, one module per area.
+mod bmc;
