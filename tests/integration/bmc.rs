@@ -80,10 +80,16 @@ struct Sushy {
     _proc: Proc,
     port: u16,
     _dir: tempfile::TempDir,
+    /// SHA-256 of the TLS certificate (lowercase hex) when started with TLS.
+    fingerprint: Option<String>,
 }
 
 impl Sushy {
     fn start() -> Sushy {
+        Self::start_with(false)
+    }
+
+    fn start_with(tls: bool) -> Sushy {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let py = venv_bin("python3");
@@ -114,6 +120,40 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
 "#,
             d = d.display()
         );
+        let mut conf = conf;
+        let mut fingerprint = None;
+        if tls {
+            let st = Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                ])
+                .args(["-nodes", "-days", "2", "-subj", "/CN=bmc.test", "-keyout"])
+                .arg(d.join("key.pem"))
+                .arg("-out")
+                .arg(d.join("cert.pem"))
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl");
+            assert!(st.success());
+            let out = Command::new("openssl")
+                .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+                .arg(d.join("cert.pem"))
+                .output()
+                .unwrap();
+            let line = String::from_utf8(out.stdout).unwrap();
+            let hex = line.split('=').nth(1).unwrap().trim().replace(':', "");
+            fingerprint = Some(hex.to_ascii_lowercase());
+            conf.push_str(&format!(
+                "SUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\n",
+                d.join("cert.pem").display(),
+                d.join("key.pem").display()
+            ));
+        }
         std::fs::write(d.join("sushy.conf"), conf).unwrap();
         let log = d.join("sushy.log");
         let child = Command::new(venv_bin("sushy-emulator"))
@@ -130,11 +170,17 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
             _proc: proc,
             port,
             _dir: dir,
+            fingerprint,
         }
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.fingerprint.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 }
 
@@ -461,6 +507,59 @@ async fn redfish_check_report() {
     assert!(
         matches!(r.credentials, Credentials::Refused { ref message } if message.contains("Invalid username")),
         "{r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_tls_pinned_on_first_use_then_enforced() {
+    let sushy = Sushy::start_with(true);
+    let want = sushy.fingerprint.clone().unwrap();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, fault_policy());
+    ep.system_id = Some(NODE2.into());
+    // first use: accepted, fingerprint reported for the caller to store
+    let b = bmc::connect(&ep).unwrap();
+    assert_eq!(b.power_state().await.unwrap(), PowerState::On);
+    assert_eq!(b.tls_fingerprint().as_deref(), Some(want.as_str()));
+    let r = bmc::check(&ep).await.unwrap();
+    assert!(
+        r.to_string().contains(&format!("tls sha256:   {want}")),
+        "{r}"
+    );
+    // pinned (in openssl's colon format): accepted
+    let colons: Vec<String> = want
+        .as_bytes()
+        .chunks(2)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap().to_uppercase())
+        .collect();
+    ep.tls = TlsPolicy::Pinned(Some(colons.join(":")));
+    assert_eq!(
+        bmc::connect(&ep).unwrap().power_state().await.unwrap(),
+        PowerState::On
+    );
+    // another pin: refused, naming both fingerprints, not retried into a timeout
+    let other = "ab".repeat(32);
+    ep.tls = TlsPolicy::Pinned(Some(other.clone()));
+    let t = Instant::now();
+    let e = bmc::connect(&ep).unwrap().power_state().await.unwrap_err();
+    match &e {
+        BmcError::CertificateMismatch {
+            pinned, presented, ..
+        } => {
+            assert_eq!(pinned, &other);
+            assert_eq!(presented, &want);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(e.to_string().contains(&want) && e.to_string().contains(&other));
+    assert!(t.elapsed() < FAULT_BUDGET);
+    // explicit lab opt-out
+    ep.tls = TlsPolicy::Insecure;
+    let r = bmc::check(&ep).await.unwrap();
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("TLS verification disabled")),
+        "{r}"
     );
 }
 
