@@ -35,7 +35,7 @@ use ipmi_rs::rmcp::{
 use ipmi_rs::{Ipmi, IpmiError};
 
 pub use chassis::{BootDevice, BootFlags, ChassisControl, ChassisStatus};
-use chassis::{GetBootFlags, GetChassisStatus, SetBootFlags};
+use chassis::{GetBootFlags, GetChassisStatus, PRIVILEGE_ADMIN, SetBootFlags, SetSessionPrivilege};
 
 use super::{
     Bmc, BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
@@ -109,9 +109,31 @@ impl Link {
             Some(&self.username),
             Some(self.password.expose().as_bytes()),
         );
-        match r {
-            Ok(()) => Ok(Ipmi::new(rmcp)),
-            Err(e) => Err(self.activation_error(e)),
+        if let Err(e) = r {
+            return Err(self.activation_error(e));
+        }
+        let mut s = Ipmi::new(rmcp);
+        let mut tries = 0;
+        loop {
+            match self.cmd(&mut s, Step::Login, SetSessionPrivilege(PRIVILEGE_ADMIN)) {
+                Ok(_) => return Ok(s),
+                Err(Fail::NoAnswer) if tries < self.policy.retries => tries += 1,
+                Err(Fail::NoAnswer) => {
+                    return Err(BmcError::Timeout {
+                        driver: D,
+                        step: Step::Login,
+                        after: self.policy.request_timeout,
+                    });
+                }
+                Err(Fail::Broken(e)) => return Err(e),
+                Err(Fail::Fatal(e)) => {
+                    return Err(BmcError::AuthRefused {
+                        driver: D,
+                        step: Step::Login,
+                        message: format!("administrator privilege refused: {e}"),
+                    });
+                }
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one module per area.
 
+mod bmc;
 mod common;
 mod daemon;
 mod install;

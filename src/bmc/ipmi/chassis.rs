@@ -4,6 +4,29 @@
 
 use ipmi_rs::connection::{IpmiCommand, Message, NetFn, NotEnoughData};
 
+/// Set Session Privilege Level (App 0x3B, IPMI 2.0 §22.18). An RMCP+ session starts at
+/// User level whatever RAKP asked for; chassis control and boot options need more.
+#[derive(Debug, Clone, Copy)]
+pub struct SetSessionPrivilege(pub u8);
+
+/// Administrator privilege level.
+pub const PRIVILEGE_ADMIN: u8 = 0x04;
+
+impl From<SetSessionPrivilege> for Message {
+    fn from(p: SetSessionPrivilege) -> Self {
+        Message::new_request(NetFn::App, 0x3B, vec![p.0])
+    }
+}
+
+impl IpmiCommand for SetSessionPrivilege {
+    type Output = u8;
+    type Error = NotEnoughData;
+
+    fn parse_success_response(data: &[u8]) -> Result<Self::Output, Self::Error> {
+        data.first().map(|p| p & 0x0f).ok_or(NotEnoughData)
+    }
+}
+
 /// Get Chassis Status (IPMI 2.0 §28.2).
 #[derive(Debug, Clone, Copy)]
 pub struct GetChassisStatus;

@@ -1,0 +1,816 @@
+//! BMC drivers against real emulators: sushy-tools (`--fake`) for Redfish, OpenIPMI
+//! `ipmi_sim` over lanplus for IPMI, and `tests/peers/bmc_fault_proxy.py` in front of
+//! sushy to inject the faults real BMCs show. Each test starts its own emulators on free
+//! loopback ports and kills them in Drop.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pxed::bmc::{
+    self, BmcEndpoint, BmcError, BootMode, BootTarget, CallPolicy, Credentials, Driver, NextBoot,
+    OverrideEnabled, PowerState, Secret, TlsPolicy,
+};
+
+const PASSWORD: &str = "s3cret-Pa55word";
+const NODE1: &str = "11111111-2222-3333-4444-555555555501"; // starts Off
+const NODE2: &str = "11111111-2222-3333-4444-555555555502"; // starts On
+const NODE2_MAC: &str = "52-54-00-12-34-57";
+
+fn peers_dir() -> PathBuf {
+    PathBuf::from(std::env::var("PEERS_DIR").unwrap_or_else(|_| "/tmp/pxed-peers".into()))
+}
+
+fn venv_bin(name: &str) -> PathBuf {
+    let p = peers_dir().join("venv/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} missing: run .ci/install.sh (sushy-tools venv)",
+        p.display()
+    );
+    p
+}
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_tcp(port: u16, what: &str, log: &Path) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    panic!(
+        "{what} did not listen on {port}: {}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// sushy-emulator --fake with basic auth, two systems, its own state dir.
+struct Sushy {
+    _proc: Proc,
+    port: u16,
+    _dir: tempfile::TempDir,
+    /// SHA-256 of the TLS certificate (lowercase hex) when started with TLS.
+    fingerprint: Option<String>,
+}
+
+impl Sushy {
+    fn start() -> Sushy {
+        Self::start_with(false)
+    }
+
+    fn start_with(tls: bool) -> Sushy {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let py = venv_bin("python3");
+        let out = Command::new(&py)
+            .args([
+                "-c",
+                &format!(
+                    "import bcrypt;print('admin:'+bcrypt.hashpw(b'{PASSWORD}',bcrypt.gensalt(rounds=4)).decode())"
+                ),
+            ])
+            .output()
+            .expect("venv python");
+        assert!(out.status.success(), "bcrypt: {out:?}");
+        std::fs::write(d.join("htpasswd"), &out.stdout).unwrap();
+        std::fs::create_dir_all(d.join("state")).unwrap();
+        let port = free_tcp_port();
+        let conf = format!(
+            r#"SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'
+SUSHY_EMULATOR_LISTEN_PORT = {port}
+SUSHY_EMULATOR_AUTH_FILE = '{d}/htpasswd'
+SUSHY_EMULATOR_STATE_DIR = '{d}/state'
+SUSHY_EMULATOR_FAKE_SYSTEMS = [
+    {{'uuid': '{NODE1}', 'name': 'node1', 'power_state': 'Off',
+     'nics': [{{'mac': '52:54:00:12:34:56', 'ip': '10.99.0.150'}}]}},
+    {{'uuid': '{NODE2}', 'name': 'node2', 'power_state': 'On',
+     'nics': [{{'mac': '52:54:00:12:34:57', 'ip': '10.99.0.151'}}]}},
+]
+"#,
+            d = d.display()
+        );
+        let mut conf = conf;
+        let mut fingerprint = None;
+        if tls {
+            let st = Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                ])
+                .args(["-nodes", "-days", "2", "-subj", "/CN=bmc.test", "-keyout"])
+                .arg(d.join("key.pem"))
+                .arg("-out")
+                .arg(d.join("cert.pem"))
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl");
+            assert!(st.success());
+            let out = Command::new("openssl")
+                .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+                .arg(d.join("cert.pem"))
+                .output()
+                .unwrap();
+            let line = String::from_utf8(out.stdout).unwrap();
+            let hex = line.split('=').nth(1).unwrap().trim().replace(':', "");
+            fingerprint = Some(hex.to_ascii_lowercase());
+            conf.push_str(&format!(
+                "SUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\n",
+                d.join("cert.pem").display(),
+                d.join("key.pem").display()
+            ));
+        }
+        std::fs::write(d.join("sushy.conf"), conf).unwrap();
+        let log = d.join("sushy.log");
+        let child = Command::new(venv_bin("sushy-emulator"))
+            .arg("--config")
+            .arg(d.join("sushy.conf"))
+            .arg("--fake")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(d.join("sushy.err")).unwrap())
+            .spawn()
+            .expect("sushy-emulator");
+        let proc = Proc(child);
+        wait_tcp(port, "sushy-emulator", &d.join("sushy.err"));
+        Sushy {
+            _proc: proc,
+            port,
+            _dir: dir,
+            fingerprint,
+        }
+    }
+
+    fn url(&self) -> String {
+        let scheme = if self.fingerprint.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+}
+
+/// tests/peers/bmc_fault_proxy.py in front of an upstream.
+struct FaultProxy {
+    _proc: Proc,
+    port: u16,
+}
+
+impl FaultProxy {
+    fn start(upstream: &str, faults: &str) -> FaultProxy {
+        let mut child = Command::new(venv_bin("python3"))
+            .arg(repo_file("tests/peers/bmc_fault_proxy.py"))
+            .args(["--upstream", upstream, "--faults", faults])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("fault proxy");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("PORT ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("proxy said {line:?}"));
+        FaultProxy {
+            _proc: Proc(child),
+            port,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "GET /_proxy/stats HTTP/1.0\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        let body = buf.split("\r\n\r\n").nth(1).unwrap();
+        serde_json::from_str(body).unwrap()
+    }
+}
+
+/// OpenIPMI ipmi_sim on a free UDP port, lanplus, admin/PASSWORD, hook-driven chassis.
+struct IpmiSim {
+    _proc: Proc,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl IpmiSim {
+    fn start() -> IpmiSim {
+        assert!(
+            Command::new("ipmi_sim").arg("--version").output().is_ok(),
+            "ipmi_sim missing: apt-get install openipmi"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let port = free_udp_port();
+        let hook = repo_file("tests/peers/bmc_ipmi_chassis_hook.sh");
+        std::fs::create_dir_all(d.join("state")).unwrap();
+        std::fs::create_dir_all(d.join("chassis")).unwrap();
+        let conf = format!(
+            r#"name "pxebmc"
+set_working_mc 0x20
+  startlan 1
+    addr 127.0.0.1 {port}
+    priv_limit admin
+    allowed_auths_callback none md2 md5 straight
+    allowed_auths_user none md2 md5 straight
+    allowed_auths_operator none md2 md5 straight
+    allowed_auths_admin none md2 md5 straight
+    guid a123456789abcdefa123456789abcdef
+  endlan
+  chassis_control "{hook} {chassis} 0x20"
+  user 1 true  ""      "test"     user  10 none md2 md5 straight
+  user 2 true  "admin" "{PASSWORD}" admin 10 none md2 md5 straight
+"#,
+            hook = hook.display(),
+            chassis = d.join("chassis").display()
+        );
+        std::fs::write(d.join("lan.conf"), conf).unwrap();
+        std::fs::write(
+            d.join("bmc.emu"),
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nsel_enable 0x20 1000 0x0a\nmc_enable 0x20\n",
+        )
+        .unwrap();
+        let child = Command::new("ipmi_sim")
+            .arg("-c")
+            .arg(d.join("lan.conf"))
+            .arg("-f")
+            .arg(d.join("bmc.emu"))
+            .arg("-s")
+            .arg(d.join("state"))
+            .arg("-n")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(d.join("sim.log")).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ipmi_sim");
+        IpmiSim {
+            _proc: Proc(child),
+            port,
+            dir,
+        }
+    }
+
+    fn fault(&self, name: &str) {
+        std::fs::write(self.dir.path().join("chassis").join(name), "").unwrap();
+    }
+
+    fn power_file(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("chassis/power"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    fn endpoint(&self, password: &str, policy: CallPolicy) -> BmcEndpoint {
+        endpoint(
+            Driver::Ipmi,
+            format!("127.0.0.1:{}", self.port),
+            password,
+            policy,
+        )
+    }
+
+    /// Waits until the simulator answers a session (it takes a moment to bind).
+    async fn ready(&self) {
+        let ep = self.endpoint(PASSWORD, fault_policy());
+        let end = Instant::now() + Duration::from_secs(15);
+        loop {
+            let b = bmc::connect(&ep).unwrap();
+            match b.power_state().await {
+                Ok(_) => return,
+                Err(e) if Instant::now() > end => panic!("ipmi_sim never answered: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+fn endpoint(driver: Driver, address: String, password: &str, policy: CallPolicy) -> BmcEndpoint {
+    BmcEndpoint {
+        driver,
+        address,
+        username: "admin".into(),
+        password: Secret::new(password),
+        system_id: None,
+        match_mac: None,
+        match_uuid: None,
+        tls: TlsPolicy::Pinned(None),
+        policy,
+    }
+}
+
+/// Long enough for sushy (power lands 1–11 s late) and ipmi_sim.
+fn real_policy() -> CallPolicy {
+    CallPolicy {
+        request_timeout: Duration::from_secs(5),
+        retries: 1,
+        backoff: Duration::from_millis(100),
+        override_attempts: 2,
+        power_deadline: Duration::from_secs(40),
+        restart_observe: Duration::from_secs(15),
+        poll_interval: Duration::from_millis(300),
+    }
+}
+
+/// Small bounds so faults end fast; tests assert the error arrives within them.
+fn fault_policy() -> CallPolicy {
+    CallPolicy {
+        request_timeout: Duration::from_millis(800),
+        retries: 1,
+        backoff: Duration::from_millis(50),
+        override_attempts: 2,
+        power_deadline: Duration::from_secs(3),
+        restart_observe: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(200),
+    }
+}
+
+/// Upper bound on how long a failing call may take under `fault_policy`.
+const FAULT_BUDGET: Duration = Duration::from_secs(8);
+
+fn assert_no_secret(s: &str) {
+    assert!(!s.contains(PASSWORD), "password leaked: {s}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_happy_path_find_by_mac_set_pxe_and_cycle() {
+    let sushy = Sushy::start();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, real_policy());
+    ep.match_mac = Some(NODE2_MAC.into());
+    let b = bmc::connect(&ep).unwrap();
+    assert_eq!(b.power_state().await.unwrap(), PowerState::On);
+    let got = b.set_next_boot(NextBoot::pxe_once()).await.unwrap();
+    assert_eq!(got.target, "Pxe");
+    assert_ne!(got.enabled, OverrideEnabled::Disabled);
+    assert_eq!(got.mode, Some(BootMode::Uefi));
+    let read = b.boot_override().await.unwrap();
+    assert_eq!(read.target, "Pxe");
+    let t = Instant::now();
+    b.power_cycle().await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(41));
+    assert_eq!(b.power_state().await.unwrap(), PowerState::On);
+    // node1 was not touched: the MAC picked node2
+    let mut ep1 = endpoint(Driver::Redfish, sushy.url(), PASSWORD, real_policy());
+    ep1.system_id = Some(NODE1.into());
+    let b1 = bmc::connect(&ep1).unwrap();
+    assert_eq!(b1.boot_override().await.unwrap().target, "Hdd");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_sessions_etag_and_powercycle_501_fallback() {
+    let sushy = Sushy::start();
+    let proxy = FaultProxy::start(&sushy.url(), "sessions,etag,advertise-powercycle");
+    let mut ep = endpoint(Driver::Redfish, proxy.url(), PASSWORD, real_policy());
+    ep.match_uuid = Some(NODE2.to_uppercase());
+    let b = bmc::connect(&ep).unwrap();
+    // sushy --fake cannot store HttpBootUri: a field the BMC rejects fails loudly, typed
+    let e = b
+        .set_next_boot(NextBoot {
+            target: BootTarget::UefiHttp {
+                url: format!("{}/_proxy/stats", proxy.url()),
+            },
+            mode: BootMode::Uefi,
+            once: true,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, BmcError::Protocol { status: Some(400), ref message, .. } if message.contains("HttpBootUri")),
+        "{e:?}"
+    );
+    let got = b.set_next_boot(NextBoot::pxe_once()).await.unwrap();
+    assert_eq!(got.target, "Pxe");
+    b.power_cycle().await.unwrap();
+    b.close().await;
+    let s = proxy.stats();
+    assert_eq!(s["logins"], 1, "{s}");
+    assert_eq!(s["logouts"], 1, "{s}");
+    // every PATCH carried the ETag of the GET before it
+    let im = s["if_match"].as_array().unwrap();
+    assert_eq!(im.len(), 2, "{s}");
+    // (the proxy answers 412 to a PATCH whose If-Match is not the current ETag)
+    assert!(
+        im.iter()
+            .all(|t| t.as_str().is_some_and(|t| t.starts_with("W/"))),
+        "{s}"
+    );
+    // PowerCycle advertised, sushy answers 501, the driver falls back to ForceRestart
+    assert_eq!(
+        s["resets"],
+        serde_json::json!(["PowerCycle", "ForceRestart"]),
+        "{s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_off_node_is_powered_on_and_power_off_observed() {
+    let sushy = Sushy::start();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, real_policy());
+    ep.system_id = Some(NODE1.into());
+    let b = bmc::connect(&ep).unwrap();
+    assert_eq!(b.power_state().await.unwrap(), PowerState::Off);
+    b.power_cycle().await.unwrap();
+    assert_eq!(b.power_state().await.unwrap(), PowerState::On);
+    b.power_off().await.unwrap();
+    assert_eq!(b.power_state().await.unwrap(), PowerState::Off);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_check_report() {
+    let sushy = Sushy::start();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, real_policy());
+    ep.system_id = Some(NODE2.into());
+    let r = bmc::check(&ep).await.unwrap();
+    assert!(matches!(r.credentials, Credentials::Accepted { ref how } if how.contains("basic")));
+    for t in ["On", "ForceOff", "ForceRestart"] {
+        assert!(r.reset_types.iter().any(|x| x == t), "{r:?}");
+    }
+    assert!(!r.reset_types.iter().any(|x| x == "PowerCycle"));
+    assert_eq!(r.boot_targets, ["Pxe", "Cd", "Hdd", "UefiHttp"]);
+    assert_eq!(r.power, Some(PowerState::On));
+    let text = r.to_string();
+    assert!(text.contains("credentials:  OK"), "{text}");
+    assert!(
+        text.contains("boot targets: Pxe, Cd, Hdd, UefiHttp"),
+        "{text}"
+    );
+    assert!(text.contains("power cycle:  ForceRestart"), "{text}");
+    assert!(text.contains("PowerCycle not offered"), "{text}");
+    println!("{text}");
+
+    let mut bad = ep.clone();
+    bad.password = Secret::new("wrong-password");
+    let r = bmc::check(&bad).await.unwrap();
+    assert!(
+        matches!(r.credentials, Credentials::Refused { .. }),
+        "{r:?}"
+    );
+    let text = r.to_string();
+    assert!(text.contains("REFUSED"), "{text}");
+    assert!(!text.contains("boot targets"), "{text}");
+
+    let proxy = FaultProxy::start(&sushy.url(), "sessions");
+    let mut ep2 = ep.clone();
+    ep2.address = proxy.url();
+    let r = bmc::check(&ep2).await.unwrap();
+    assert!(r.to_string().contains("credentials:  OK (session"), "{r}");
+    let mut bad2 = ep2.clone();
+    bad2.password = Secret::new("wrong-password");
+    let r = bmc::check(&bad2).await.unwrap();
+    assert!(
+        matches!(r.credentials, Credentials::Refused { ref message } if message.contains("Invalid username")),
+        "{r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_tls_pinned_on_first_use_then_enforced() {
+    let sushy = Sushy::start_with(true);
+    let want = sushy.fingerprint.clone().unwrap();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, fault_policy());
+    ep.system_id = Some(NODE2.into());
+    // first use: accepted, fingerprint reported for the caller to store
+    let b = bmc::connect(&ep).unwrap();
+    assert_eq!(b.power_state().await.unwrap(), PowerState::On);
+    assert_eq!(b.tls_fingerprint().as_deref(), Some(want.as_str()));
+    let r = bmc::check(&ep).await.unwrap();
+    assert!(
+        r.to_string().contains(&format!("tls sha256:   {want}")),
+        "{r}"
+    );
+    // pinned (in openssl's colon format): accepted
+    let colons: Vec<String> = want
+        .as_bytes()
+        .chunks(2)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap().to_uppercase())
+        .collect();
+    ep.tls = TlsPolicy::Pinned(Some(colons.join(":")));
+    assert_eq!(
+        bmc::connect(&ep).unwrap().power_state().await.unwrap(),
+        PowerState::On
+    );
+    // another pin: refused, naming both fingerprints, not retried into a timeout
+    let other = "ab".repeat(32);
+    ep.tls = TlsPolicy::Pinned(Some(other.clone()));
+    let t = Instant::now();
+    let e = bmc::connect(&ep).unwrap().power_state().await.unwrap_err();
+    match &e {
+        BmcError::CertificateMismatch {
+            pinned, presented, ..
+        } => {
+            assert_eq!(pinned, &other);
+            assert_eq!(presented, &want);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(e.to_string().contains(&want) && e.to_string().contains(&other));
+    assert!(t.elapsed() < FAULT_BUDGET);
+    // explicit lab opt-out
+    ep.tls = TlsPolicy::Insecure;
+    let r = bmc::check(&ep).await.unwrap();
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("TLS verification disabled")),
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_not_listening_is_unreachable() {
+    let port = free_tcp_port();
+    let ep = endpoint(
+        Driver::Redfish,
+        format!("http://127.0.0.1:{port}"),
+        PASSWORD,
+        fault_policy(),
+    );
+    let b = bmc::connect(&ep).unwrap();
+    let t = Instant::now();
+    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
+    assert!(matches!(e, BmcError::Unreachable { .. }), "{e:?}");
+    assert!(t.elapsed() < FAULT_BUDGET);
+    assert_no_secret(&format!("{e} {e:?}"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_wrong_password_is_auth_refused() {
+    let sushy = Sushy::start();
+    let ep = endpoint(
+        Driver::Redfish,
+        sushy.url(),
+        "wrong-password",
+        fault_policy(),
+    );
+    let b = bmc::connect(&ep).unwrap();
+    let t = Instant::now();
+    let e = b.power_cycle().await.unwrap_err();
+    assert!(matches!(e, BmcError::AuthRefused { .. }), "{e:?}");
+    assert!(t.elapsed() < FAULT_BUDGET);
+    assert!(!format!("{e}").contains("wrong-password"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_patch_500_is_protocol_error() {
+    let sushy = Sushy::start();
+    let proxy = FaultProxy::start(&sushy.url(), "patch500");
+    let mut ep = endpoint(Driver::Redfish, proxy.url(), PASSWORD, fault_policy());
+    ep.system_id = Some(NODE2.into());
+    let b = bmc::connect(&ep).unwrap();
+    let t = Instant::now();
+    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
+    assert!(
+        matches!(e, BmcError::Protocol { status: Some(500), ref message, .. } if message.contains("Internal error while applying")),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < FAULT_BUDGET);
+    // 500 is retried (retries = 1), then reported
+    assert_eq!(proxy.stats()["patches"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_ignored_patch_is_override_not_applied() {
+    let sushy = Sushy::start();
+    let proxy = FaultProxy::start(&sushy.url(), "ignore-patch");
+    let mut ep = endpoint(Driver::Redfish, proxy.url(), PASSWORD, fault_policy());
+    ep.system_id = Some(NODE2.into());
+    let b = bmc::connect(&ep).unwrap();
+    let t = Instant::now();
+    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
+    match &e {
+        BmcError::OverrideNotApplied {
+            got, attempts: 2, ..
+        } => assert!(got.contains("Hdd"), "{got}"),
+        e => panic!("{e:?}"),
+    }
+    assert!(t.elapsed() < FAULT_BUDGET);
+    assert_eq!(proxy.stats()["patches"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_reset_that_never_lands_is_power_did_not_change() {
+    let sushy = Sushy::start();
+    let proxy = FaultProxy::start(&sushy.url(), "reset-noop");
+    let mut ep = endpoint(Driver::Redfish, proxy.url(), PASSWORD, fault_policy());
+    ep.system_id = Some(NODE1.into()); // Off: power_cycle must power it on
+    let b = bmc::connect(&ep).unwrap();
+    let t = Instant::now();
+    let e = b.power_cycle().await.unwrap_err();
+    assert!(
+        matches!(e, BmcError::PowerDidNotChange { ref last, .. } if last == "Off"),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < FAULT_BUDGET);
+    assert_eq!(proxy.stats()["resets"], serde_json::json!(["On"]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_unknown_system_is_named() {
+    let sushy = Sushy::start();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, fault_policy());
+    ep.match_mac = Some("02:00:00:00:00:99".into());
+    let e = bmc::connect(&ep).unwrap().power_state().await.unwrap_err();
+    match e {
+        BmcError::SystemNotFound { wanted, found, .. } => {
+            assert!(wanted.contains("02:00:00:00:00:99"));
+            assert!(found.contains(NODE1) && found.contains(NODE2));
+        }
+        e => panic!("{e:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_never_in_debug_or_errors() {
+    let ep = endpoint(
+        Driver::Redfish,
+        format!("http://127.0.0.1:{}", free_tcp_port()),
+        PASSWORD,
+        fault_policy(),
+    );
+    assert_no_secret(&format!("{ep:?}"));
+    let b = bmc::connect(&ep).unwrap();
+    assert_no_secret(&format!("{b:?}"));
+    let e = b.power_state().await.unwrap_err();
+    assert_no_secret(&format!("{e} {e:?}"));
+    let mut ip = ep.clone();
+    ip.driver = Driver::Ipmi;
+    ip.address = format!("127.0.0.1:{}", free_udp_port());
+    let b = bmc::connect(&ip).unwrap();
+    assert_no_secret(&format!("{b:?}"));
+    let e = b.power_state().await.unwrap_err();
+    assert_no_secret(&format!("{e} {e:?}"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_happy_path_set_pxe_and_cycle() {
+    let sim = IpmiSim::start();
+    sim.ready().await;
+    let b = bmc::connect(&sim.endpoint(PASSWORD, real_policy())).unwrap();
+    assert_eq!(b.power_state().await.unwrap(), PowerState::Off);
+    let got = b.set_next_boot(NextBoot::pxe_once()).await.unwrap();
+    assert_eq!(got.target, "Pxe");
+    assert_eq!(b.boot_override().await.unwrap().target, "Pxe");
+    b.power_on().await.unwrap();
+    assert_eq!(sim.power_file(), "1");
+    let t = Instant::now();
+    b.power_cycle().await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(41));
+    assert_eq!(b.power_state().await.unwrap(), PowerState::On);
+    let log = std::fs::read_to_string(sim.dir.path().join("chassis/chassis.log")).unwrap();
+    // ipmi_sim cycles asynchronously: off, then on about a second later
+    let sets: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("set power"))
+        .map(|l| l.rsplit(' ').next().unwrap())
+        .collect();
+    assert_eq!(sets, ["1", "0", "1"], "{log}");
+    b.power_off().await.unwrap();
+    assert_eq!(sim.power_file(), "0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_check_report() {
+    let sim = IpmiSim::start();
+    sim.ready().await;
+    let r = bmc::check(&sim.endpoint(PASSWORD, real_policy()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r.credentials, Credentials::Accepted { ref how } if how.contains("cipher suite 3"))
+    );
+    assert!(r.reset_types.iter().any(|x| x == "PowerCycle"));
+    assert_eq!(r.boot_targets, ["Pxe"]);
+    assert_eq!(r.power, Some(PowerState::Off));
+    let text = r.to_string();
+    assert!(text.contains("identity:     IPMI 2.0"), "{text}");
+    assert!(text.contains("credentials:  OK"), "{text}");
+    println!("{text}");
+    let r = bmc::check(&sim.endpoint("wrong-password", fault_policy()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r.credentials, Credentials::Refused { .. }),
+        "{r:?}"
+    );
+    assert!(r.to_string().contains("REFUSED"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_wrong_password_is_auth_refused() {
+    let sim = IpmiSim::start();
+    sim.ready().await;
+    let b = bmc::connect(&sim.endpoint("wrong-password", fault_policy())).unwrap();
+    let t = Instant::now();
+    let e = b.power_cycle().await.unwrap_err();
+    assert!(matches!(e, BmcError::AuthRefused { .. }), "{e:?}");
+    assert!(t.elapsed() < FAULT_BUDGET);
+    assert!(!format!("{e:?}").contains("wrong-password"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_not_listening_is_unreachable() {
+    let ep = endpoint(
+        Driver::Ipmi,
+        format!("127.0.0.1:{}", free_udp_port()),
+        PASSWORD,
+        fault_policy(),
+    );
+    let t = Instant::now();
+    let e = bmc::connect(&ep).unwrap().power_state().await.unwrap_err();
+    assert!(matches!(e, BmcError::Unreachable { .. }), "{e:?}");
+    assert!(t.elapsed() < FAULT_BUDGET);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_power_that_never_lands_is_power_did_not_change() {
+    let sim = IpmiSim::start();
+    sim.ready().await;
+    sim.fault("fault-power-stuck");
+    let b = bmc::connect(&sim.endpoint(PASSWORD, fault_policy())).unwrap();
+    let t = Instant::now();
+    let e = b.power_cycle().await.unwrap_err();
+    assert!(
+        matches!(e, BmcError::PowerDidNotChange { ref last, .. } if last == "Off"),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < FAULT_BUDGET);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_boot_flags_ignored_is_override_not_applied() {
+    let sim = IpmiSim::start();
+    sim.ready().await;
+    sim.fault("fault-boot-ignored");
+    let b = bmc::connect(&sim.endpoint(PASSWORD, fault_policy())).unwrap();
+    let t = Instant::now();
+    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
+    assert!(
+        matches!(e, BmcError::OverrideNotApplied { ref got, attempts: 2, .. } if got.starts_with("target=") && !got.contains("Pxe")),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < FAULT_BUDGET);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_rejects_uefi_http() {
+    let ep = endpoint(Driver::Ipmi, "127.0.0.1:9".into(), PASSWORD, fault_policy());
+    let e = bmc::connect(&ep)
+        .unwrap()
+        .set_next_boot(NextBoot {
+            target: BootTarget::UefiHttp {
+                url: "http://x/".into(),
+            },
+            mode: BootMode::Uefi,
+            once: true,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BmcError::NotSupported { .. }), "{e:?}");
+}
