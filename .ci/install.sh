@@ -8,7 +8,7 @@ PEERS_DIR=${PEERS_DIR:-/tmp/pxed-peers}
 pkgs=(iproute2 dnsmasq-base isc-dhcp-client dhcpcd-base udhcpc busybox-static
       tftp-hpa atftp tftpd-hpa curl openipmi ipmitool kea-admin hyperfine
       systemd python3-venv ca-certificates shellcheck cloud-init python3-jsonschema python3-yaml
-      debconf)
+      debconf openssl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -25,7 +25,7 @@ mkdir -p /etc/cloud && touch /etc/cloud/cloud-init.disabled
 venv=$PEERS_DIR/venv
 if [ ! -x "$venv/bin/sushy-emulator" ] || [ ! -x "$venv/bin/ksvalidator" ]; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q sushy-tools pykickstart
+  "$venv/bin/pip" install -q sushy-tools bcrypt pykickstart
 fi
 
 # iPXE binaries (Debian trixie's ipxe package, fetched without touching the system's sources).

@@ -590,6 +590,11 @@ async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
     match crate::bmc::check(&ep).await {
         Ok(report) => {
             println!("{report}");
+            if let crate::bmc::Credentials::Refused { message } = &report.credentials {
+                return Err(ClientError::Other(format!(
+                    "the BMC refused the credentials: {message}"
+                )));
+            }
             Ok(())
         }
         Err(e) => Err(ClientError::Other(format!("check failed: {e}"))),

@@ -367,7 +367,6 @@ fn demo_defaults() -> toml::Table {
     toml::toml! {
         data_dir = "./pxed-demo"
         ipxe_dir = "./ipxe/bin"
-        images_dir = "./pxed-demo/images"
         images_catalog = "./images"
         templates_dir = "./templates"
         http = "127.0.0.1:8080"

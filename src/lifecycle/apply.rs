@@ -148,6 +148,9 @@ pub async fn apply(
     Ok((Applied { node: new, outcome }, effects))
 }
 
+/// Renders the answer stored under an idempotency key.
+pub type Answer = dyn Fn(&NodeRow, &Outcome) -> String + Send + Sync;
+
 /// Optional extras for [`apply`].
 #[derive(Default, Clone, Copy)]
 pub struct Hooks<'a> {
@@ -155,7 +158,7 @@ pub struct Hooks<'a> {
     pub hostname_prefix: Option<&'a str>,
     /// Record the answer under this idempotency key in the same transaction.
     pub idempotency_key: Option<&'a str>,
-    pub answer: Option<&'a (dyn Fn(&NodeRow, &Outcome) -> String + Send + Sync)>,
+    pub answer: Option<&'a Answer>,
 }
 
 /// Gives a node its hostname if it has none: prefix + the boot NIC's last MAC digits,

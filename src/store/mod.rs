@@ -26,6 +26,9 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
+/// Connections in the pool (SQLite has one writer; readers run beside it in WAL).
+const POOL_SIZE: u32 = 8;
+
 /// The shared store handle (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -51,14 +54,20 @@ impl Store {
         // local file, and timers in the pool would otherwise race the lifecycle's
         // deadlines under tokio's paused clock in tests.
         let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .min_connections(8)
+            .max_connections(POOL_SIZE)
             .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
+        // Open the rest now that the file is in WAL mode (switching a new file to WAL
+        // from several connections at once can fail with "database is locked").
+        let mut held = Vec::new();
+        for _ in 0..POOL_SIZE {
+            held.push(pool.acquire().await?);
+        }
+        drop(held);
         Ok(Store { pool })
     }
 

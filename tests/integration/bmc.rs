@@ -13,9 +13,9 @@ use pxed::bmc::{
     OverrideEnabled, PowerState, Secret, TlsPolicy,
 };
 
-const PASSWORD: &str = "s3cret-Pa55word";
-const NODE1: &str = "11111111-2222-3333-4444-555555555501"; // starts Off
-const NODE2: &str = "11111111-2222-3333-4444-555555555502"; // starts On
+pub(crate) const PASSWORD: &str = "s3cret-Pa55word";
+pub(crate) const NODE1: &str = "11111111-2222-3333-4444-555555555501"; // starts Off
+pub(crate) const NODE2: &str = "11111111-2222-3333-4444-555555555502"; // starts On
 const NODE2_MAC: &str = "52-54-00-12-34-57";
 
 fn peers_dir() -> PathBuf {
@@ -76,7 +76,7 @@ impl Drop for Proc {
 }
 
 /// sushy-emulator --fake with basic auth, two systems, its own state dir.
-struct Sushy {
+pub(crate) struct Sushy {
     _proc: Proc,
     port: u16,
     _dir: tempfile::TempDir,
@@ -85,7 +85,7 @@ struct Sushy {
 }
 
 impl Sushy {
-    fn start() -> Sushy {
+    pub(crate) fn start() -> Sushy {
         Self::start_with(false)
     }
 
@@ -174,7 +174,7 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         let scheme = if self.fingerprint.is_some() {
             "https"
         } else {
@@ -234,14 +234,14 @@ impl FaultProxy {
 }
 
 /// OpenIPMI ipmi_sim on a free UDP port, lanplus, admin/PASSWORD, hook-driven chassis.
-struct IpmiSim {
+pub(crate) struct IpmiSim {
     _proc: Proc,
     port: u16,
     dir: tempfile::TempDir,
 }
 
 impl IpmiSim {
-    fn start() -> IpmiSim {
+    pub(crate) fn start() -> IpmiSim {
         assert!(
             Command::new("ipmi_sim").arg("--version").output().is_ok(),
             "ipmi_sim missing: apt-get install openipmi"
@@ -318,7 +318,7 @@ set_working_mc 0x20
     }
 
     /// Waits until the simulator answers a session (it takes a moment to bind).
-    async fn ready(&self) {
+    pub(crate) async fn ready(&self) {
         let ep = self.endpoint(PASSWORD, fault_policy());
         let end = Instant::now() + Duration::from_secs(15);
         loop {
@@ -813,4 +813,83 @@ async fn ipmi_rejects_uefi_http() {
         .await
         .unwrap_err();
     assert!(matches!(e, BmcError::NotSupported { .. }), "{e:?}");
+}
+
+/// `pxed bmc check <node>` on the pxed host, for a node registered through the API,
+/// against both emulators: what the BMC advertises, and a refusal exits non-zero.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_bmc_check_against_both_emulators() {
+    use crate::common::{Daemon, pxed_bin, repo, run};
+    let sushy = Sushy::start();
+    let sim = IpmiSim::start();
+    sim.ready().await;
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", "cli-token")],
+    );
+    let data = d.data_dir();
+    let register = |name: &str, bmc: serde_json::Value, mac: &str| {
+        let body = serde_json::json!({"name": name, "macs": [mac], "bmc": bmc}).to_string();
+        let (ok, out, err) = run(Command::new("curl").args([
+            "-sSf",
+            "-H",
+            "Authorization: Bearer cli-token",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body,
+            &d.url("/api/v1/nodes"),
+        ]));
+        assert!(ok, "{out}{err}");
+        assert!(
+            !out.contains(PASSWORD),
+            "the API never returns the BMC password: {out}"
+        );
+    };
+    register(
+        "rf1",
+        serde_json::json!({"driver": "redfish", "address": sushy.url(), "username": "admin",
+                           "password": PASSWORD, "system_id": NODE2}),
+        "52:54:00:00:10:01",
+    );
+    register(
+        "ipmi1",
+        serde_json::json!({"driver": "ipmi", "address": format!("127.0.0.1:{}", sim.port),
+                           "username": "admin", "password": PASSWORD}),
+        "52:54:00:00:10:02",
+    );
+    register(
+        "rf-bad",
+        serde_json::json!({"driver": "redfish", "address": sushy.url(), "username": "admin",
+                           "password": "wrong-password", "system_id": NODE2}),
+        "52:54:00:00:10:03",
+    );
+    let check = |node: &str| {
+        run(Command::new(pxed_bin())
+            .current_dir(repo())
+            .args(["bmc", "check", node, "--demo", "--data-dir"])
+            .arg(&data))
+    };
+    let (ok, out, err) = check("rf1");
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("credentials:  OK"), "{out}");
+    assert!(
+        out.contains("boot targets: Pxe, Cd, Hdd, UefiHttp"),
+        "{out}"
+    );
+    assert!(out.contains("ForceRestart"), "{out}");
+    assert!(!format!("{out}{err}").contains(PASSWORD));
+
+    let (ok, out, err) = check("ipmi1");
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("credentials:  OK"), "{out}");
+    assert!(out.contains("PowerCycle"), "{out}");
+    assert!(out.contains("identity:     IPMI 2.0"), "{out}");
+
+    let (ok, out, err) = check("rf-bad");
+    assert!(!ok, "{out}{err}");
+    assert!(out.contains("REFUSED"), "{out}");
+    assert!(err.contains("refused the credentials"), "{err}");
+    assert!(!format!("{out}{err}").contains("wrong-password"));
 }

@@ -2,6 +2,7 @@
 
 mod bmc;
 mod common;
+mod crash;
 mod daemon;
 mod install;
 mod lifecycle;

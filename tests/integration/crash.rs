@@ -1,0 +1,246 @@
+//! The real binary killed with SIGKILL while a node is in each in-progress state; after
+//! a restart the node continues (or fails with a reason when its deadline fires) and
+//! nothing in the audit log is lost. The BMC is a real Redfish emulator (sushy-tools).
+
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use crate::bmc::{NODE1, NODE2, PASSWORD, Sushy};
+use crate::common::{Daemon, pxed_bin, repo, run, wait_for, write_file};
+
+const TOKEN: &str = "crash-token";
+
+struct Api {
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn call(
+        &self,
+        d: &Daemon,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut r = self.http.request(method, d.url(path)).bearer_auth(TOKEN);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let s = resp.status().as_u16();
+        (s, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn node(&self, d: &Daemon, id: i64) -> Value {
+        self.call(
+            d,
+            reqwest::Method::GET,
+            &format!("/api/v1/nodes/{id}"),
+            None,
+        )
+        .await
+        .1
+    }
+
+    async fn wait_state(&self, d: &Daemon, id: i64, state: &str, timeout: Duration) -> Value {
+        let start = std::time::Instant::now();
+        loop {
+            let n = self.node(d, id).await;
+            if n["state"] == state {
+                return n;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "node {id} never reached {state}: {n:#}\n{}",
+                d.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn events(n: &Value) -> Vec<Value> {
+    n["events"].as_array().cloned().unwrap_or_default()
+}
+
+/// Every audit row from before the crash is still there, unchanged and in order.
+fn assert_log_kept(before: &Value, after: &Value) {
+    let (b, a) = (events(before), events(after));
+    assert!(a.len() >= b.len(), "audit rows lost: {b:#?} -> {a:#?}");
+    assert_eq!(&a[..b.len()], &b[..], "audit rows changed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_in_every_in_progress_state_resumes() {
+    let sushy = Sushy::start();
+    let work = tempfile::tempdir().unwrap();
+    // A local "mirror" with the layout the rocky-9 catalog entry expects.
+    let mirror = work.path().join("mirror");
+    for arch in ["x86_64", "aarch64"] {
+        let p = format!("rocky/9/BaseOS/{arch}/os/images/pxeboot");
+        write_file(
+            &mirror,
+            &format!("{p}/vmlinuz"),
+            format!("kernel {arch}").as_bytes(),
+        );
+        write_file(
+            &mirror,
+            &format!("{p}/initrd.img"),
+            format!("initrd {arch}").as_bytes(),
+        );
+    }
+    let mirror_env = format!("{}/", mirror.display());
+    let env: Vec<(&str, &str)> = vec![
+        ("PXED_API_TOKEN", TOKEN),
+        ("PXED_MIRROR_BASE", &mirror_env),
+        ("PXED_LIFECYCLE__MAX_ATTEMPTS", "0"),
+        ("PXED_LIFECYCLE__DEADLINES__NETBOOTING", "6s"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (ok, out, err) = run(Command::new(pxed_bin())
+        .current_dir(repo())
+        .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
+        .arg(&data)
+        .env("PXED_MIRROR_BASE", &mirror_env));
+    assert!(ok, "image add: {out}{err}");
+    assert!(out.contains("sha256"), "{out}");
+
+    let mut d = Daemon::start_in(dir, &[], &env);
+    pxed::net::install_crypto_provider();
+    let api = Api {
+        http: reqwest::Client::new(),
+    };
+    let mut ids = Vec::new();
+    for (mac, system) in [("52:54:00:12:34:56", NODE1), ("52:54:00:12:34:57", NODE2)] {
+        let (s, v) = api
+            .call(
+                &d,
+                reqwest::Method::POST,
+                "/api/v1/nodes",
+                Some(json!({"macs": [mac], "arch": "x86_64", "bmc": {
+                    "driver": "redfish", "address": sushy.url(), "username": "admin",
+                    "password": PASSWORD, "system_id": system}})),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["id"].as_i64().unwrap());
+    }
+    let (a, b) = (ids[0], ids[1]);
+    let restart = |d: Daemon| {
+        let dir = d.kill_keep_dir(Signal::SIGKILL);
+        Daemon::start_in(dir, &[], &env)
+    };
+
+    // reclaiming: killed while the BMC power action is in flight.
+    let (s, v) = api
+        .call(
+            &d,
+            reqwest::Method::POST,
+            &format!("/api/v1/nodes/{a}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    wait_for("the BMC step to start", Duration::from_secs(10), || {
+        d.logged("pxed::lifecycle").then_some(())
+    });
+    let before = api.node(&d, a).await;
+    assert_eq!(before["state"], "reclaiming");
+    d = restart(d);
+    let after = api
+        .wait_state(&d, a, "netbooting", Duration::from_secs(90))
+        .await;
+    assert_log_kept(&before, &after);
+    assert!(d.logged("resumed"), "{}", d.log_text());
+
+    // netbooting -> installing: the script serves the installer once.
+    let (_, script) = {
+        let r = api
+            .http
+            .get(d.url("/boot/52:54:00:12:34:56.ipxe"))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    assert!(script.contains("/images/rocky-9/x86_64/kernel"), "{script}");
+    let i = script.find("/cfg/").unwrap() + 5;
+    let token = script[i..].split('/').next().unwrap().to_string();
+    let before = api
+        .wait_state(&d, a, "installing", Duration::from_secs(5))
+        .await;
+    // The installer's kernel is served by pxed from the imported, checksummed copy.
+    let k = api
+        .http
+        .get(d.url("/images/rocky-9/x86_64/kernel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(k.text().await.unwrap(), "kernel x86_64");
+
+    // installing: killed, the installer's callback after the restart still counts.
+    d = restart(d);
+    let r = api
+        .http
+        .post(d.url(&format!("/cb/{token}/installed")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let after = api
+        .wait_state(&d, a, "first_boot", Duration::from_secs(5))
+        .await;
+    assert_log_kept(&before, &after);
+
+    // first_boot: killed; the agent's reports after the restart finish the job.
+    let before = after;
+    d = restart(d);
+    for (path, body) in [
+        (
+            "first-boot",
+            json!({"hostname": "node-123456", "arch": "x86_64", "facts": {}}),
+        ),
+        ("health", json!({"status": "pass"})),
+    ] {
+        let r = api
+            .http
+            .post(d.url(&format!("/cb/{token}/{path}")))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    let after = api
+        .wait_state(&d, a, "available", Duration::from_secs(5))
+        .await;
+    assert_log_kept(&before, &after);
+    assert_eq!(after["hostname"], "node-123456");
+
+    // netbooting: killed and never fetches its script; the deadline armed before the
+    // crash fires after the restart and the node fails naming the stage.
+    let (s, _) = api
+        .call(
+            &d,
+            reqwest::Method::POST,
+            &format!("/api/v1/nodes/{b}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+        )
+        .await;
+    assert_eq!(s, 202);
+    let before = api
+        .wait_state(&d, b, "netbooting", Duration::from_secs(90))
+        .await;
+    d = restart(d);
+    let after = api
+        .wait_state(&d, b, "failed", Duration::from_secs(30))
+        .await;
+    assert_eq!(after["failed_step"], "netbooting");
+    assert_eq!(after["failed_reason"], "deadline");
+    assert_log_kept(&before, &after);
+    assert_eq!(events(&after).last().unwrap()["event"], "deadline_expired");
+}
