@@ -1,0 +1,74 @@
+//! `pxed node ...` against the real daemon: human tables, `--json`, errors.
+
+use std::process::Command;
+
+use crate::common::{Daemon, pxed_bin, repo, run};
+
+fn pxed(d: &Daemon, args: &[&str], token: &str) -> (bool, String, String) {
+    run(Command::new(pxed_bin())
+        .current_dir(repo())
+        .args(args)
+        .env("PXED_URL", d.url(""))
+        .env("PXED_API_TOKEN", token)
+        .env("PXED_BMC_PASSWORD", "bmc-secret-pw"))
+}
+
+#[test]
+fn node_commands_tables_and_json() {
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", "tok")],
+    );
+    let (ok, out, err) = pxed(
+        &d,
+        &[
+            "node", "add", "--mac", "52:54:00:00:20:01", "--mac", "52:54:00:00:20:02", "--name",
+            "rack1-u1", "--arch", "arm64", "--bmc-driver", "redfish", "--bmc-address",
+            "https://10.0.0.9", "--bmc-user", "root",
+        ],
+        "tok",
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.lines().next().unwrap().starts_with("ID"), "{out}");
+    assert!(out.contains("available"), "{out}");
+
+    let (ok, out, _) = pxed(&d, &["node", "list"], "tok");
+    assert!(ok);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[1].contains("52:54:00:00:20:01,52:54:00:00:20:02"), "{out}");
+
+    let (ok, out, _) = pxed(&d, &["node", "list", "--json"], "tok");
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["name"], "rack1-u1");
+    assert_eq!(v[0]["arch"], "arm64");
+
+    let (ok, out, _) = pxed(&d, &["node", "show", "rack1-u1", "--json"], "tok");
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["bmc"]["username"], "root");
+    assert_eq!(v["boot_mac"], "52:54:00:00:20:01");
+    assert!(!out.contains("bmc-secret-pw"), "BMC password leaked: {out}");
+
+    let (ok, out, _) = pxed(&d, &["node", "show", "52-54-00-00-20-02"], "tok");
+    assert!(ok);
+    assert!(out.contains("registered"), "{out}");
+    assert!(out.contains("BMC: redfish https://10.0.0.9 user root"), "{out}");
+
+    // No image imported: a clear error, nothing changed.
+    let (ok, _, err) = pxed(&d, &["node", "reinstall", "rack1-u1", "--image", "rocky-9"], "tok");
+    assert!(!ok);
+    assert!(err.contains("unknown_image"), "{err}");
+
+    let (ok, _, err) = pxed(&d, &["node", "list"], "wrong");
+    assert!(!ok && err.contains("401"), "{err}");
+
+    let (ok, out, _) = pxed(&d, &["node", "rm", "rack1-u1"], "tok");
+    assert!(ok, "{out}");
+    let (ok, _, err) = pxed(&d, &["node", "show", "rack1-u1"], "tok");
+    assert!(!ok && err.contains("404"), "{err}");
+    assert!(!d.log_text().contains("bmc-secret-pw"));
+    assert!(!d.log_text().contains("tok\""));
+}
