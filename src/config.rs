@@ -592,10 +592,15 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     let l = w.lifecycle.unwrap_or_default();
     let mut deadlines = default_deadlines();
     for (k, v) in l.deadlines.unwrap_or_default() {
-        if !STATE_NAMES.contains(&k.as_str()) {
+        if !DEADLINE_STATES.contains(&k.as_str()) {
+            let what = if STATE_NAMES.contains(&k.as_str()) {
+                "is a resting state: it has nothing to retry, so no deadline"
+            } else {
+                "is not a state"
+            };
             return Err(invalid(
                 "lifecycle.deadlines",
-                format!("`{k}` is not a state ({})", STATE_NAMES.join(", ")),
+                format!("`{k}` {what} (deadlines: {})", DEADLINE_STATES.join(", ")),
             ));
         }
         let d = parse_duration(&v).map_err(|e| invalid("lifecycle.deadlines", e))?;
@@ -672,6 +677,9 @@ pub const STATE_NAMES: &[&str] = &[
     "failed",
     "quarantined",
 ];
+
+/// States that are in progress and so have a deadline.
+pub const DEADLINE_STATES: &[&str] = &["reclaiming", "netbooting", "installing", "first_boot"];
 
 fn default_deadlines() -> BTreeMap<String, Duration> {
     [
@@ -787,6 +795,30 @@ mod tests {
             ..Default::default()
         };
         assert!(load(None, env(&[]), &f).is_err());
+    }
+
+    #[test]
+    fn deadlines_only_for_in_progress_states() {
+        let ok = load(
+            None,
+            env(&[("PXED_LIFECYCLE__DEADLINES__INSTALLING", "2h")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            ok.lifecycle.deadlines["installing"],
+            Duration::from_secs(7200)
+        );
+        for (k, msg) in [("AVAILABLE", "resting state"), ("BOGUS", "not a state")] {
+            let e = load(
+                None,
+                env(&[(&format!("PXED_LIFECYCLE__DEADLINES__{k}"), "1h")]),
+                &Flags::default(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(msg), "{e}");
+        }
     }
 
     #[test]

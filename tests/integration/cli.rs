@@ -23,9 +23,22 @@ fn node_commands_tables_and_json() {
     let (ok, out, err) = pxed(
         &d,
         &[
-            "node", "add", "--mac", "52:54:00:00:20:01", "--mac", "52:54:00:00:20:02", "--name",
-            "rack1-u1", "--arch", "arm64", "--bmc-driver", "redfish", "--bmc-address",
-            "https://10.0.0.9", "--bmc-user", "root",
+            "node",
+            "add",
+            "--mac",
+            "52:54:00:00:20:01",
+            "--mac",
+            "52:54:00:00:20:02",
+            "--name",
+            "rack1-u1",
+            "--arch",
+            "arm64",
+            "--bmc-driver",
+            "redfish",
+            "--bmc-address",
+            "https://10.0.0.9",
+            "--bmc-user",
+            "root",
         ],
         "tok",
     );
@@ -37,7 +50,10 @@ fn node_commands_tables_and_json() {
     assert!(ok);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
-    assert!(lines[1].contains("52:54:00:00:20:01,52:54:00:00:20:02"), "{out}");
+    assert!(
+        lines[1].contains("52:54:00:00:20:01,52:54:00:00:20:02"),
+        "{out}"
+    );
 
     let (ok, out, _) = pxed(&d, &["node", "list", "--json"], "tok");
     assert!(ok);
@@ -55,10 +71,17 @@ fn node_commands_tables_and_json() {
     let (ok, out, _) = pxed(&d, &["node", "show", "52-54-00-00-20-02"], "tok");
     assert!(ok);
     assert!(out.contains("registered"), "{out}");
-    assert!(out.contains("BMC: redfish https://10.0.0.9 user root"), "{out}");
+    assert!(
+        out.contains("BMC: redfish https://10.0.0.9 user root"),
+        "{out}"
+    );
 
     // No image imported: a clear error, nothing changed.
-    let (ok, _, err) = pxed(&d, &["node", "reinstall", "rack1-u1", "--image", "rocky-9"], "tok");
+    let (ok, _, err) = pxed(
+        &d,
+        &["node", "reinstall", "rack1-u1", "--image", "rocky-9"],
+        "tok",
+    );
     assert!(!ok);
     assert!(err.contains("unknown_image"), "{err}");
 
@@ -71,4 +94,53 @@ fn node_commands_tables_and_json() {
     assert!(!ok && err.contains("404"), "{err}");
     assert!(!d.log_text().contains("bmc-secret-pw"));
     assert!(!d.log_text().contains("tok\""));
+}
+
+#[test]
+fn image_add_list_rm_with_checksums() {
+    use crate::common::write_file;
+    let work = tempfile::tempdir().unwrap();
+    let mirror = work.path().join("mirror");
+    let data = work.path().join("data");
+    let p =
+        "debian/dists/trixie/main/installer-amd64/current/images/netboot/debian-installer/amd64";
+    write_file(&mirror, &format!("{p}/linux"), b"debian kernel");
+    write_file(&mirror, &format!("{p}/initrd.gz"), b"debian initrd");
+    let pa =
+        "debian/dists/trixie/main/installer-arm64/current/images/netboot/debian-installer/arm64";
+    write_file(&mirror, &format!("{pa}/linux"), b"arm kernel");
+    write_file(&mirror, &format!("{pa}/initrd.gz"), b"arm initrd");
+    let image = |args: &[&str]| {
+        run(Command::new(pxed_bin())
+            .current_dir(repo())
+            .arg("image")
+            .args(args)
+            .args(["--demo", "--data-dir"])
+            .arg(&data)
+            .env("PXED_MIRROR_BASE", format!("file://{}/", mirror.display())))
+    };
+    let (ok, out, err) = image(&["add", "debian-13"]);
+    assert!(ok, "{out}{err}");
+    // sha256("debian kernel")
+    let want = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(b"debian kernel"))
+    };
+    assert!(out.contains(&want), "{out}");
+    let kernel = data.join("images/debian-13/x86_64/kernel");
+    assert_eq!(std::fs::read(&kernel).unwrap(), b"debian kernel");
+    let (ok, out, _) = image(&["list"]);
+    assert!(
+        ok && out.contains("debian-13") && out.contains("preseed"),
+        "{out}"
+    );
+    let (ok, _, err) = image(&["add", "no-such-image"]);
+    assert!(!ok && err.contains("no image no-such-image"), "{err}");
+    let (ok, out, _) = image(&["rm", "debian-13"]);
+    assert!(ok, "{out}");
+    assert!(!kernel.exists());
+    let (ok, out, _) = image(&["list"]);
+    assert!(ok && !out.contains("debian-13"), "{out}");
+    let (ok, _, err) = image(&["rm", "debian-13"]);
+    assert!(!ok && err.contains("not imported"), "{err}");
 }
