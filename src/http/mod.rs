@@ -16,6 +16,7 @@ use crate::script;
 pub mod agent;
 pub mod api;
 pub mod error;
+pub mod status;
 
 /// Request bodies larger than this are refused with 413 (callbacks and API are small).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -28,6 +29,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/boot/{file}", get(boot_script))
         .nest("/api/v1", api::routes(state.clone()))
         .merge(agent::routes())
+        .merge(status::routes())
         .nest_service("/ipxe", ServeDir::new(&state.cfg.ipxe_dir))
         .nest_service("/images", ServeDir::new(&state.cfg.images_dir))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))

@@ -107,6 +107,16 @@ pub struct Lifecycle {
     deadlines: Mutex<HashMap<i64, AbortHandle>>,
     tasks: TaskTracker,
     cancel: CancellationToken,
+    changes: tokio::sync::broadcast::Sender<NodeChange>,
+}
+
+/// A committed change, published to the status page's live stream.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeChange {
+    pub node_id: i64,
+    pub event: String,
+    pub state: String,
+    pub at: String,
 }
 
 impl std::fmt::Debug for Lifecycle {
@@ -132,6 +142,7 @@ impl Lifecycle {
             deadlines: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             cancel,
+            changes: tokio::sync::broadcast::channel(256).0,
         })
     }
 
@@ -155,6 +166,9 @@ impl Lifecycle {
     ) -> Result<Applied, ApplyError> {
         let (applied, effects) =
             apply::apply(&self.store, &self.policy, id, event, actor, hooks).await?;
+        if matches!(applied.outcome, super::transition::Outcome::Changed(_)) {
+            self.notify(id, event.name(), &applied.node.state);
+        }
         if !effects.is_empty() {
             tracing::debug!(node = id, event = event.name(), to = %applied.node.state, ?effects, "applied");
         }
@@ -162,6 +176,22 @@ impl Lifecycle {
             self.run_effect(id, e, Duration::ZERO);
         }
         Ok(applied)
+    }
+
+    /// Publishes a change (also used for registrations and deletions).
+    pub fn notify(&self, id: i64, event: &str, state: &str) {
+        // No subscribers is fine: nobody is watching the status page.
+        let _ = self.changes.send(NodeChange {
+            node_id: id,
+            event: event.to_string(),
+            state: state.to_string(),
+            at: crate::store::nodes::now(),
+        });
+    }
+
+    /// A live stream of changes.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<NodeChange> {
+        self.changes.subscribe()
     }
 
     /// Waits for running effects (shutdown).

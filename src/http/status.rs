@@ -1,0 +1,132 @@
+//! The technicians' status page: every node, where it is, since when and why it
+//! failed, updated live over server-sent events. Read-only and without secrets, so
+//! it needs no token (put it behind the provisioning network's access rules).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures::Stream;
+use serde::Serialize;
+
+use super::api::{NodeView, view};
+use super::error::ApiError;
+use crate::app::AppState;
+use crate::store::nodes::EventRow;
+
+/// Routes of the status page.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/", get(page))
+        .route("/status.json", get(status_json))
+        .route("/nodes/{id}", get(node_page))
+        .route("/events", get(events))
+}
+
+/// What the page shows.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub nodes: Vec<NodeView>,
+    pub counts: Vec<(String, usize)>,
+    pub generated_at: String,
+}
+
+async fn status(st: &AppState) -> Result<Status, ApiError> {
+    let mut nodes = Vec::new();
+    for n in st.store.nodes().await? {
+        nodes.push(view(st, n).await?);
+    }
+    let counts = crate::config::STATE_NAMES
+        .iter()
+        .map(|s| (s.to_string(), nodes.iter().filter(|n| n.state == *s).count()))
+        .filter(|(_, c)| *c > 0)
+        .collect();
+    Ok(Status {
+        nodes,
+        counts,
+        generated_at: crate::store::nodes::now(),
+    })
+}
+
+#[derive(Template)]
+#[template(path = "status.html")]
+struct StatusPage<'a> {
+    s: &'a Status,
+}
+
+async fn page(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let s = status(&st).await?;
+    render(StatusPage { s: &s })
+}
+
+async fn status_json(State(st): State<Arc<AppState>>) -> Result<Json<Status>, ApiError> {
+    Ok(Json(status(&st).await?))
+}
+
+#[derive(Template)]
+#[template(path = "node.html")]
+struct NodePage<'a> {
+    n: &'a NodeView,
+    events: &'a [EventRow],
+}
+
+async fn node_page(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<i64>,
+) -> Result<Response, ApiError> {
+    let row = st
+        .store
+        .node(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("node {id}")))?;
+    let events = st.store.events(id).await?;
+    let n = view(&st, row).await?;
+    render(NodePage {
+        n: &n,
+        events: &events,
+    })
+}
+
+fn render(t: impl Template) -> Result<Response, ApiError> {
+    let html = t.render().map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "render",
+            e.to_string(),
+        )
+    })?;
+    Ok((
+        [(header::CACHE_CONTROL, "no-store")],
+        Html(html),
+    )
+        .into_response())
+}
+
+/// `GET /events`: one SSE message per committed change.
+async fn events(
+    State(st): State<Arc<AppState>>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let rx = st.lifecycle.subscribe();
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(c) => {
+                    let data = serde_json::to_string(&c).unwrap_or_default();
+                    return Some((Ok(Event::default().event("node").data(data)), rx));
+                }
+                // A slow page missed some: tell it to reload everything.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    return Some((Ok(Event::default().event("resync").data("{}")), rx));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
