@@ -10,7 +10,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{self, DhcpMode, Flags};
 
 #[derive(Parser, Debug)]
-#[command(name = "pxed", version, about = "PXE/iPXE boot and reinstall appliance")]
+#[command(
+    name = "pxed",
+    version,
+    about = "PXE/iPXE boot and reinstall appliance"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -165,7 +169,7 @@ async fn serve(cfg: config::Config) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let c = cancel.clone();
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
+        use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),

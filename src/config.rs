@@ -515,7 +515,10 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             Some(s)
         }
         (None, DhcpMode::Full) => {
-            return Err(invalid("dhcp.pool", "full DHCP mode needs --pool START-END"));
+            return Err(invalid(
+                "dhcp.pool",
+                "full DHCP mode needs --pool START-END",
+            ));
         }
         (None, _) => None,
     };
@@ -540,7 +543,10 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     let mut reservations = d.reservations.unwrap_or_default();
     for r in &mut reservations {
         r.mac = normalize_mac(&r.mac).ok_or_else(|| {
-            invalid("dhcp.reservations", format!("`{}` is not a MAC address", r.mac))
+            invalid(
+                "dhcp.reservations",
+                format!("`{}` is not a MAC address", r.mac),
+            )
         })?;
     }
     let b = w.boot.unwrap_or_default();
@@ -631,8 +637,12 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             .images_catalog
             .unwrap_or_else(|| "/usr/share/pxed/images".into()),
         templates_dir: w.templates_dir,
-        http: w.http.unwrap_or_else(|| "0.0.0.0:80".parse().expect("literal")),
-        tftp: w.tftp.unwrap_or_else(|| "0.0.0.0:69".parse().expect("literal")),
+        http: w
+            .http
+            .unwrap_or_else(|| "0.0.0.0:80".parse().expect("literal")),
+        tftp: w
+            .tftp
+            .unwrap_or_else(|| "0.0.0.0:69".parse().expect("literal")),
         mirror_base: w.mirror_base,
         default_image: w.default_image,
         hostname_prefix: w.hostname_prefix.unwrap_or_else(|| "node-".into()),
@@ -782,7 +792,12 @@ mod tests {
 
     #[test]
     fn token_is_masked() {
-        let c = load(None, env(&[("PXED_API_TOKEN", "s3cret")]), &Flags::default()).unwrap();
+        let c = load(
+            None,
+            env(&[("PXED_API_TOKEN", "s3cret")]),
+            &Flags::default(),
+        )
+        .unwrap();
         let s = toml::to_string(&c).unwrap();
         assert!(!s.contains("s3cret"));
         assert!(s.contains("********"));

@@ -43,7 +43,10 @@ impl Gauge {
 
 /// Writes one sample in Prometheus text format.
 pub fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::fmt::Display) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
 }
 
 /// Something that renders its counters.

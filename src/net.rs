@@ -126,10 +126,7 @@ mod tests {
         let lo = interface("lo").unwrap();
         assert_eq!(lo.addr, Ipv4Addr::LOCALHOST);
         assert!(lo.contains(Ipv4Addr::new(127, 1, 2, 3)));
-        assert!(matches!(
-            interface("nope0"),
-            Err(NetError::NoInterface(_))
-        ));
+        assert!(matches!(interface("nope0"), Err(NetError::NoInterface(_))));
     }
 
     #[tokio::test]

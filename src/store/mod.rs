@@ -2,12 +2,14 @@
 //!
 //! Queries are checked at compile time against the committed `.sqlx/` cache.
 
+pub mod leases;
+
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
