@@ -54,9 +54,22 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         tasks.spawn(async move { Ok(crate::http::serve(http, st, c).await?) });
     }
 
+    if cfg.dhcp.mode != crate::config::DhcpMode::Off {
+        let sockets = crate::dhcp::bind(&cfg)?;
+        // Discovery events: nothing consumes them yet, so the receiver is dropped
+        // and try_send fails as Closed (not counted as a drop).
+        let (seen, _) = tokio::sync::mpsc::channel(1024);
+        let stats = Arc::new(crate::dhcp::DhcpStats::default());
+        let ctx = crate::dhcp::DhcpContext::new(&cfg, store.clone(), seen, stats);
+        let c = cancel.clone();
+        tasks.spawn(async move { Ok(crate::dhcp::serve(sockets, ctx, c).await?) });
+    }
+
     // TFTP and DHCP servers are added here.
 
     let result = tokio::select! {
+        // Cancellation first: servers end promptly once it fires, and that is not a failure.
+        biased;
         // CANCEL-SAFETY: only waits; nothing is lost when the other branch wins.
         _ = cancel.cancelled() => Ok(()),
         // CANCEL-SAFETY: join_next is cancel-safe.

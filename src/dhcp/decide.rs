@@ -305,7 +305,7 @@ fn full(
             if !ours(req.server_id) {
                 return Action::Drop(DropReason::OtherServer);
             }
-            if !table.by_ip(ip).is_some_and(|l| l.mac == mac) {
+            if table.by_ip(ip).is_none_or(|l| l.mac != mac) {
                 return Action::Drop(DropReason::NotHeld);
             }
             Action::Record(Change::Decline {
@@ -319,7 +319,7 @@ fn full(
             if !ours(req.server_id) {
                 return Action::Drop(DropReason::OtherServer);
             }
-            if !table.by_ip(ip).is_some_and(|l| l.mac == mac) {
+            if table.by_ip(ip).is_none_or(|l| l.mac != mac) {
                 return Action::Drop(DropReason::NotHeld);
             }
             Action::Record(Change::Release { ip, mac })
@@ -559,7 +559,7 @@ mod tests {
         }
     }
 
-    fn opt<'a>(m: &'a Message, c: OptionCode) -> Option<&'a DhcpOption> {
+    fn opt(m: &Message, c: OptionCode) -> Option<&DhcpOption> {
         m.opts().get(c)
     }
 
