@@ -453,3 +453,48 @@ fn from_row(r: LeaseRow) -> Option<Lease> {
         expires: r.expires_at.max(0) as u64,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Flags, load};
+
+    fn cfg(iface: &str, pool: &str) -> Config {
+        let f = Flags {
+            interfaces: vec![iface.into()],
+            dhcp: Some(DhcpMode::Full),
+            pool: Some(pool.into()),
+            ..Default::default()
+        };
+        load(None, Vec::<(String, String)>::new(), &f).unwrap()
+    }
+
+    #[test]
+    fn startup_errors_are_clear() {
+        let e = bind(&cfg("nope0", "10.0.0.10-10.0.0.20")).unwrap_err();
+        assert!(matches!(e, DhcpError::Net(NetError::NoInterface(_))), "{e}");
+        let e = bind(&cfg("lo", "10.0.0.10-10.0.0.20")).unwrap_err();
+        assert!(matches!(e, DhcpError::PoolOutsideInterface { .. }), "{e}");
+        assert!(
+            e.to_string().contains("not in the subnet of interface lo"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rows_round_trip_to_leases() {
+        let l = Lease {
+            ip: Ipv4Addr::new(10, 0, 0, 9),
+            mac: "52:54:00:00:00:09".parse().unwrap(),
+            client_id: Some(vec![1, 0xaa]),
+            hostname: Some("h".into()),
+            state: LeaseState::Declined,
+            expires: 77,
+        };
+        let LeaseWrite::Upsert(row) = to_write(PersistOp::Upsert(l.clone())) else {
+            panic!()
+        };
+        assert_eq!(row.client_id.as_deref(), Some("01aa"));
+        assert_eq!(from_row(row), Some(l));
+    }
+}
