@@ -14,3 +14,4 @@ CREATE TABLE leases (
     expires_at INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX leases_mac ON leases (mac);
+CREATE INDEX leases_expires ON leases (expires_at);

@@ -322,9 +322,15 @@ impl AppState {
     }
 }
 
-/// Every named interface exists and has an address; a full-mode pool lies in the
-/// subnet of the interface it is served on.
-fn check_interfaces(cfg: &Config) -> anyhow::Result<()> {
+/// The iPXE dir exists; every named interface exists and has an address; a full-mode
+/// pool lies in the subnet of the interface it is served on.
+fn preflight(cfg: &Config) -> anyhow::Result<()> {
+    if !cfg.ipxe_dir.is_dir() {
+        anyhow::bail!(
+            "iPXE dir {} does not exist (fetch the binaries with ipxe/fetch.sh {0}, or set --ipxe-dir)",
+            cfg.ipxe_dir.display()
+        );
+    }
     for name in &cfg.interfaces {
         let iface = crate::net::interface(name)?;
         if cfg.dhcp.mode == crate::config::DhcpMode::Full
@@ -372,13 +378,27 @@ fn api_token(cfg: &Config) -> anyhow::Result<String> {
     Ok(t)
 }
 
+/// Registers every MAC the DHCP server sees that pxed does not know yet as a
+/// `discovered` node, with the architecture its option 93 implies.
+async fn discovery(st: Arc<AppState>, mut rx: tokio::sync::mpsc::Receiver<crate::dhcp::DhcpSeen>) {
+    while let Some(seen) = rx.recv().await {
+        let Some(mac) = crate::config::normalize_mac(&seen.mac) else {
+            continue;
+        };
+        let arch = seen.arch.and_then(crate::boot::arch_name);
+        if let Err(e) = st.discover(&mac, arch).await {
+            tracing::warn!(%mac, error = %e, "registering a discovered machine");
+        }
+    }
+}
+
 /// How long in-flight work may take to drain after cancellation.
 pub const DRAIN: Duration = Duration::from_millis(1500);
 
 /// Runs pxed until `cancel` fires.
 pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
-    check_interfaces(&cfg)?;
+    preflight(&cfg)?;
     let store = Store::open(&cfg.data_dir)
         .await
         .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
@@ -410,7 +430,18 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         state.renders.lock().expect("lock").push(stats.clone());
         tasks.spawn(async move { Ok(crate::tftp::serve(tftp, root, settings, stats, c).await?) });
     }
-    // TFTP and DHCP servers are added here.
+
+    if cfg.dhcp.mode != crate::config::DhcpMode::Off {
+        let sockets = crate::dhcp::bind(&cfg)?;
+        let (seen, rx) = tokio::sync::mpsc::channel(1024);
+        let stats = Arc::new(crate::dhcp::DhcpStats::default());
+        state.renders.lock().expect("lock").push(stats.clone());
+        let ctx = crate::dhcp::DhcpContext::new(&cfg, store.clone(), seen, stats);
+        let c = cancel.clone();
+        tasks.spawn(async move { Ok(crate::dhcp::serve(sockets, ctx, c).await?) });
+        let st = state.clone();
+        tokio::spawn(discovery(st, rx));
+    }
 
     let resumed = state.lifecycle.resume().await?;
     if resumed > 0 {

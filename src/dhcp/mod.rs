@@ -1,1 +1,500 @@
 //! DHCP server (full and proxy).
+//!
+//! The receive loop parses a datagram ([`packet::parse`]), calls the pure
+//! [`decide`], applies the lease change to the in-memory [`LeaseTable`] and sends.
+//! Replies that bind a lease (ACKs) go through one writer task that commits leases
+//! in batches, one transaction per batch, and sends those replies only after the
+//! commit: an ACKed lease is always durable, and a burst of clients costs one fsync
+//! per batch rather than one per client. Offers, NAKs and INFORM replies are sent at
+//! once. Replies to clients with no address yet are broadcast (RFC 2131 §4.1 allows
+//! it) rather than unicast to yiaddr, which would need an ARP entry written first.
+
+pub mod decide;
+pub mod packet;
+pub mod stats;
+pub mod table;
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::boot::BootDecision;
+use crate::config::{Config, DhcpMode, Reservation};
+use crate::net::{Interface, NetError};
+use crate::store::leases::{self, LeaseRow, LeaseWrite};
+use crate::store::{Store, StoreError};
+
+pub use decide::{Action, Decision, DropReason, Policy, Reply, ReplyKind, decide};
+pub use packet::{Mac, Malformed, Port, Request};
+pub use stats::DhcpStats;
+pub use table::{Change, Lease, LeaseState, LeaseTable, PersistOp};
+
+/// DHCP server errors (startup and fatal runtime errors; per-packet problems are
+/// counted, never returned).
+#[derive(Debug, thiserror::Error)]
+pub enum DhcpError {
+    #[error("DHCP: {0}")]
+    Net(#[from] NetError),
+    #[error("DHCP pool {start}-{end} is not in the subnet of interface {iface} ({addr}/{netmask})")]
+    PoolOutsideInterface {
+        iface: String,
+        start: Ipv4Addr,
+        end: Ipv4Addr,
+        addr: Ipv4Addr,
+        netmask: Ipv4Addr,
+    },
+    #[error("DHCP mode is off")]
+    Off,
+    #[error("DHCP lease store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// A client was heard from (for discovery of unknown machines).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhcpSeen {
+    pub mac: String,
+    pub arch: Option<u16>,
+    pub vendor_class: Option<String>,
+    pub user_class_ipxe: bool,
+}
+
+/// The sockets of one interface.
+#[derive(Debug)]
+pub struct DhcpSocket {
+    pub iface: Interface,
+    /// 0.0.0.0:67 bound to the interface.
+    pub dhcp: Arc<UdpSocket>,
+    /// 0.0.0.0:4011 bound to the interface (proxy mode only).
+    pub pxe: Option<Arc<UdpSocket>>,
+}
+
+/// What the server runs with besides its sockets.
+#[derive(Debug, Clone)]
+pub struct DhcpContext {
+    pub policy: Policy,
+    pub reservations: Vec<Reservation>,
+    pub store: Store,
+    pub seen: mpsc::Sender<DhcpSeen>,
+    pub stats: Arc<DhcpStats>,
+}
+
+impl DhcpContext {
+    /// A context from the daemon config.
+    pub fn new(
+        cfg: &Config,
+        store: Store,
+        seen: mpsc::Sender<DhcpSeen>,
+        stats: Arc<DhcpStats>,
+    ) -> Self {
+        DhcpContext {
+            policy: Policy::from_config(cfg),
+            reservations: cfg.dhcp.reservations.clone(),
+            store,
+            seen,
+            stats,
+        }
+    }
+}
+
+/// Binds the DHCP sockets of every configured interface.
+pub fn bind(cfg: &Config) -> Result<Vec<DhcpSocket>, DhcpError> {
+    if cfg.dhcp.mode == DhcpMode::Off {
+        return Err(DhcpError::Off);
+    }
+    cfg.interfaces
+        .iter()
+        .map(|name| bind_interface(name, cfg))
+        .collect()
+}
+
+/// Binds 0.0.0.0:67 (and :4011 in proxy mode) on one interface, after checking that
+/// the pool (full mode) is in the interface's subnet. No SO_REUSEADDR: sockets on
+/// different devices do not clash, and another DHCP server on the port is reported.
+pub fn bind_interface(name: &str, cfg: &Config) -> Result<DhcpSocket, DhcpError> {
+    let iface = crate::net::interface(name)?;
+    if cfg.dhcp.mode == DhcpMode::Full
+        && let Some(local) = &cfg.dhcp.local
+        && !(iface.contains(local.pool.start) && iface.contains(local.pool.end))
+    {
+        return Err(DhcpError::PoolOutsideInterface {
+            iface: name.into(),
+            start: local.pool.start,
+            end: local.pool.end,
+            addr: iface.addr,
+            netmask: iface.netmask,
+        });
+    }
+    let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+    let dhcp = Arc::new(crate::net::bind_udp(any(67), Some(name), false)?);
+    let pxe = match cfg.dhcp.mode {
+        DhcpMode::Proxy => Some(Arc::new(crate::net::bind_udp(
+            any(4011),
+            Some(name),
+            false,
+        )?)),
+        _ => None,
+    };
+    tracing::info!(iface = name, addr = %iface.addr, mode = ?cfg.dhcp.mode, "DHCP listening");
+    Ok(DhcpSocket { iface, dhcp, pxe })
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Most lease writes committed in one transaction.
+const MAX_BATCH: usize = 4096;
+/// How often expired leases are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+struct Shared {
+    table: Mutex<LeaseTable>,
+    policy: Policy,
+    stats: Arc<DhcpStats>,
+    seen: mpsc::Sender<DhcpSeen>,
+}
+
+/// A reply waiting for its lease to be committed.
+struct Outgoing {
+    socket: Arc<UdpSocket>,
+    bytes: Vec<u8>,
+    dest: SocketAddrV4,
+    kind: ReplyKind,
+}
+
+struct Job {
+    writes: Vec<LeaseWrite>,
+    reply: Option<Outgoing>,
+}
+
+/// Serves DHCP on `sockets` until `cancel` fires; then commits what is pending.
+pub async fn serve(
+    sockets: Vec<DhcpSocket>,
+    ctx: DhcpContext,
+    cancel: CancellationToken,
+) -> Result<(), DhcpError> {
+    let pool = ctx.store.pool.clone();
+    let mut loaded = Vec::new();
+    if ctx.policy.mode == DhcpMode::Full {
+        leases::sync_reservations(&pool, &ctx.reservations).await?;
+        loaded = leases::load(&pool, unix_now() as i64).await?;
+    }
+    let count = loaded.len();
+    let table = LeaseTable::new(&ctx.reservations, loaded.into_iter().filter_map(from_row));
+    tracing::info!(
+        leases = count,
+        reservations = ctx.reservations.len(),
+        "DHCP lease table loaded"
+    );
+    let shared = Arc::new(Shared {
+        table: Mutex::new(table),
+        policy: ctx.policy,
+        stats: ctx.stats.clone(),
+        seen: ctx.seen,
+    });
+    let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 2);
+    let writer = tokio::spawn(writer(rx, pool.clone(), ctx.stats.clone()));
+    let loops_cancel = cancel.child_token();
+    let mut loops = JoinSet::new();
+    for s in sockets {
+        let mut socks = vec![(s.dhcp, Port::Dhcp)];
+        socks.extend(s.pxe.map(|p| (p, Port::PxeBoot)));
+        for (sock, port) in socks {
+            loops.spawn(recv_loop(
+                sock,
+                port,
+                s.iface.clone(),
+                shared.clone(),
+                jobs.clone(),
+                loops_cancel.clone(),
+            ));
+        }
+    }
+    drop(jobs);
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.tick().await;
+    loop {
+        tokio::select! {
+            // CANCEL-SAFETY: only waits.
+            _ = cancel.cancelled() => break,
+            // CANCEL-SAFETY: join_next is cancel-safe.
+            r = loops.join_next() => {
+                if let Some(Err(e)) = r {
+                    tracing::error!(error = %e, "a DHCP receive loop panicked");
+                }
+                if loops.is_empty() {
+                    break;
+                }
+            }
+            // CANCEL-SAFETY: a missed tick is simply taken at the next one.
+            _ = sweep.tick() => {
+                let now = unix_now();
+                let gone = shared.table.lock().unwrap_or_else(|e| e.into_inner()).sweep(now);
+                if let Err(e) = leases::purge_expired(&pool, now as i64).await {
+                    tracing::warn!(error = %e, "purging expired leases");
+                }
+                tracing::debug!(gone, "expired leases swept");
+            }
+        }
+    }
+    loops_cancel.cancel();
+    while loops.join_next().await.is_some() {}
+    // Every sender is gone now: the writer commits what is left and ends.
+    if let Err(e) = writer.await {
+        tracing::error!(error = %e, "DHCP lease writer panicked");
+    }
+    Ok(())
+}
+
+async fn recv_loop(
+    sock: Arc<UdpSocket>,
+    port: Port,
+    iface: Interface,
+    shared: Arc<Shared>,
+    jobs: mpsc::Sender<Job>,
+    cancel: CancellationToken,
+) {
+    let mut buf = vec![0u8; packet::MAX_PACKET + 1];
+    loop {
+        let r = tokio::select! {
+            // CANCEL-SAFETY: only waits.
+            _ = cancel.cancelled() => return,
+            // CANCEL-SAFETY: recv_from is cancel-safe (no datagram is consumed unless it completes).
+            r = sock.recv_from(&mut buf) => r,
+        };
+        match r {
+            Ok((n, SocketAddr::V4(src))) => {
+                handle(&buf[..n], src, port, &sock, &iface, &shared, &jobs).await
+            }
+            Ok(_) => shared.stats.malformed.inc(),
+            Err(e) => {
+                // ICMP errors from earlier sends surface here; they must not stop the loop.
+                tracing::debug!(iface = %iface.name, error = %e, "DHCP receive error");
+            }
+        }
+    }
+}
+
+async fn handle(
+    buf: &[u8],
+    src: SocketAddrV4,
+    port: Port,
+    sock: &Arc<UdpSocket>,
+    iface: &Interface,
+    shared: &Shared,
+    jobs: &mpsc::Sender<Job>,
+) {
+    let stats = &shared.stats;
+    stats.received.inc();
+    let req = match packet::parse(buf, src, port) {
+        Ok(r) => r,
+        Err(e) => {
+            stats.malformed.inc();
+            tracing::debug!(%src, error = %e, "malformed DHCP packet dropped");
+            return;
+        }
+    };
+    stats.count_type(req.msg_type);
+    let seen = DhcpSeen {
+        mac: req.client.mac.clone(),
+        arch: req.client.arch,
+        vendor_class: req.client.vendor_class.clone(),
+        user_class_ipxe: req.client.user_class_ipxe,
+    };
+    if let Err(mpsc::error::TrySendError::Full(_)) = shared.seen.try_send(seen) {
+        stats.seen_dropped.inc();
+    }
+    let now = unix_now();
+    let (decision, writes) = {
+        let mut table = shared.table.lock().unwrap_or_else(|e| e.into_inner());
+        let d = decide(&req, &table, &shared.policy, iface, now);
+        let ops = match &d.action {
+            Action::Reply {
+                change: Some(c), ..
+            }
+            | Action::Record(c) => table.apply(c),
+            _ => Vec::new(),
+        };
+        (d, ops)
+    };
+    if let BootDecision::UnknownArch(arch) = decision.boot {
+        stats.count_unknown_arch(arch);
+        tracing::info!(mac = %req.mac, ?arch, "boot client of an architecture with no boot file");
+    }
+    let writes: Vec<LeaseWrite> = writes.into_iter().map(to_write).collect();
+    match decision.action {
+        Action::Drop(reason) => {
+            stats.ignored.inc();
+            if reason == DropReason::PoolExhausted {
+                stats.pool_exhausted.inc();
+                tracing::warn!(mac = %req.mac, "no free address in the pool");
+            }
+            tracing::debug!(mac = %req.mac, ?reason, "not answered");
+        }
+        Action::Record(_) => {
+            if !writes.is_empty() {
+                let _ = jobs
+                    .send(Job {
+                        writes,
+                        reply: None,
+                    })
+                    .await;
+            }
+        }
+        Action::Reply { reply, .. } => {
+            let bytes = match packet::encode(&reply.msg, req.relay_info.as_deref()) {
+                Ok(b) => b,
+                Err(e) => {
+                    stats.send_errors.inc();
+                    tracing::warn!(mac = %req.mac, error = %e, "encoding a reply");
+                    return;
+                }
+            };
+            let out = Outgoing {
+                socket: sock.clone(),
+                bytes,
+                dest: reply.dest,
+                kind: reply.kind,
+            };
+            if writes.is_empty() {
+                send(&out, stats).await;
+            } else {
+                let _ = jobs
+                    .send(Job {
+                        writes,
+                        reply: Some(out),
+                    })
+                    .await;
+            }
+        }
+    }
+}
+
+async fn send(out: &Outgoing, stats: &DhcpStats) {
+    match out.socket.send_to(&out.bytes, out.dest).await {
+        Ok(_) => match out.kind {
+            ReplyKind::Offer => stats.offers.inc(),
+            ReplyKind::Ack => stats.acks.inc(),
+            ReplyKind::Nak => stats.naks.inc(),
+        },
+        Err(e) => {
+            stats.send_errors.inc();
+            tracing::debug!(dest = %out.dest, error = %e, "sending a DHCP reply");
+        }
+    }
+}
+
+/// Group commit: takes everything queued, commits it in one transaction, then sends
+/// the replies that waited for it. While a commit runs the next batch queues up.
+async fn writer(mut rx: mpsc::Receiver<Job>, pool: sqlx::SqlitePool, stats: Arc<DhcpStats>) {
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let writes: Vec<LeaseWrite> = batch
+            .iter()
+            .flat_map(|j| j.writes.iter().cloned())
+            .collect();
+        match leases::commit(&pool, &writes).await {
+            Ok(()) => {
+                stats.commits.inc();
+                for j in &batch {
+                    if let Some(out) = &j.reply {
+                        send(out, &stats).await;
+                    }
+                }
+            }
+            Err(e) => {
+                // No ACK for a lease we could not store; the clients will retry.
+                stats.commit_errors.inc();
+                tracing::error!(error = %e, n = batch.len(), "committing DHCP leases; replies withheld");
+            }
+        }
+        batch.clear();
+    }
+}
+
+fn to_write(op: PersistOp) -> LeaseWrite {
+    match op {
+        PersistOp::Delete(ip) => LeaseWrite::Delete(ip),
+        PersistOp::Upsert(l) => LeaseWrite::Upsert(LeaseRow {
+            ip: l.ip,
+            mac: l.mac.to_string(),
+            client_id: l.client_id.as_deref().map(hex::encode),
+            hostname: l.hostname,
+            state: l.state.as_db().to_string(),
+            expires_at: l.expires.min(i64::MAX as u64) as i64,
+        }),
+    }
+}
+
+fn from_row(r: LeaseRow) -> Option<Lease> {
+    let Ok(mac) = r.mac.parse::<Mac>() else {
+        tracing::warn!(mac = %r.mac, "skipping a lease with a bad MAC");
+        return None;
+    };
+    Some(Lease {
+        ip: r.ip,
+        mac,
+        client_id: r.client_id.and_then(|c| hex::decode(c).ok()),
+        hostname: r.hostname,
+        state: if r.state == "declined" {
+            LeaseState::Declined
+        } else {
+            LeaseState::Bound
+        },
+        expires: r.expires_at.max(0) as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Flags, load};
+
+    fn cfg(iface: &str, pool: &str) -> Config {
+        let f = Flags {
+            interfaces: vec![iface.into()],
+            dhcp: Some(DhcpMode::Full),
+            pool: Some(pool.into()),
+            ..Default::default()
+        };
+        load(None, Vec::<(String, String)>::new(), &f).unwrap()
+    }
+
+    #[test]
+    fn startup_errors_are_clear() {
+        let e = bind(&cfg("nope0", "10.0.0.10-10.0.0.20")).unwrap_err();
+        assert!(matches!(e, DhcpError::Net(NetError::NoInterface(_))), "{e}");
+        let e = bind(&cfg("lo", "10.0.0.10-10.0.0.20")).unwrap_err();
+        assert!(matches!(e, DhcpError::PoolOutsideInterface { .. }), "{e}");
+        assert!(
+            e.to_string().contains("not in the subnet of interface lo"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rows_round_trip_to_leases() {
+        let l = Lease {
+            ip: Ipv4Addr::new(10, 0, 0, 9),
+            mac: "52:54:00:00:00:09".parse().unwrap(),
+            client_id: Some(vec![1, 0xaa]),
+            hostname: Some("h".into()),
+            state: LeaseState::Declined,
+            expires: 77,
+        };
+        let LeaseWrite::Upsert(row) = to_write(PersistOp::Upsert(l.clone())) else {
+            panic!()
+        };
+        assert_eq!(row.client_id.as_deref(), Some("01aa"));
+        assert_eq!(from_row(row), Some(l));
+    }
+}

@@ -44,7 +44,12 @@ async fn status(st: &AppState) -> Result<Status, ApiError> {
     }
     let counts = crate::config::STATE_NAMES
         .iter()
-        .map(|s| (s.to_string(), nodes.iter().filter(|n| n.state == *s).count()))
+        .map(|s| {
+            (
+                s.to_string(),
+                nodes.iter().filter(|n| n.state == *s).count(),
+            )
+        })
         .filter(|(_, c)| *c > 0)
         .collect();
     Ok(Status {
@@ -101,11 +106,7 @@ fn render(t: impl Template) -> Result<Response, ApiError> {
             e.to_string(),
         )
     })?;
-    Ok((
-        [(header::CACHE_CONTROL, "no-store")],
-        Html(html),
-    )
-        .into_response())
+    Ok(([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response())
 }
 
 /// `GET /events`: one SSE message per committed change.
@@ -114,19 +115,17 @@ async fn events(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let rx = st.lifecycle.subscribe();
     let stream = futures::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(c) => {
-                    let data = serde_json::to_string(&c).unwrap_or_default();
-                    return Some((Ok(Event::default().event("node").data(data)), rx));
-                }
-                // A slow page missed some: tell it to reload everything.
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    return Some((Ok(Event::default().event("resync").data("{}")), rx));
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        let event = match rx.recv().await {
+            Ok(c) => Event::default()
+                .event("node")
+                .data(serde_json::to_string(&c).unwrap_or_default()),
+            // A slow page missed some: tell it to reload everything.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                Event::default().event("resync").data("{}")
             }
-        }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok(event), rx))
     });
     Sse::new(stream).keep_alive(KeepAlive::default())
 }

@@ -5,6 +5,8 @@ mod cli;
 mod common;
 mod crash;
 mod daemon;
+mod dhcp;
 mod install;
 mod lifecycle;
+mod netns;
 mod tftp;
