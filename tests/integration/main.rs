@@ -9,4 +9,5 @@ mod dhcp;
 mod install;
 mod lifecycle;
 mod netns;
+mod status;
 mod tftp;

@@ -1,0 +1,132 @@
+//! The status page in a real browser (headless Chromium) and its live event stream.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::{Daemon, need, run};
+
+const TOKEN: &str = "status-token";
+
+fn api(d: &Daemon, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let (ok, out, err) = run(Command::new("curl").args([
+        "-sSf",
+        "-X",
+        method,
+        "-H",
+        &format!("Authorization: Bearer {TOKEN}"),
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &body.to_string(),
+        &d.url(path),
+    ]));
+    assert!(ok, "{method} {path}: {out}{err}");
+    serde_json::from_str(&out).unwrap_or_default()
+}
+
+/// The DOM after the page's scripts ran (SSE connected, table re-rendered).
+fn dump_dom(url: &str) -> String {
+    need("chromium");
+    let profile = tempfile::tempdir().unwrap();
+    let (ok, out, err) = run(Command::new("chromium").args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        &format!("--user-data-dir={}", profile.path().display()),
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        url,
+    ]));
+    assert!(ok, "chromium: {err}");
+    out
+}
+
+#[test]
+fn status_page_shows_where_each_node_is_and_why_it_failed() {
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", TOKEN)],
+    );
+    let a = api(
+        &d,
+        "POST",
+        "/api/v1/nodes",
+        json!({"macs": ["52:54:00:00:30:01"], "name": "gh200-a", "arch": "arm64",
+               "bmc": {"driver": "redfish", "address": "http://127.0.0.1:9", "username": "u", "password": "bmc-pw-never-shown"}}),
+    );
+    let b = api(
+        &d,
+        "POST",
+        "/api/v1/nodes",
+        json!({"macs": ["52:54:00:00:30:02"], "name": "x86-b"}),
+    );
+    api(
+        &d,
+        "POST",
+        &format!("/api/v1/nodes/{}/actions/fail", b["id"]),
+        json!({"reason": "disk 2 SMART errors"}),
+    );
+
+    let dom = dump_dom(&d.url("/"));
+    // Scripts ran: the table was re-rendered from /status.json after SSE connected.
+    assert!(dom.contains("(live)"), "{dom}");
+    let row_b = dom
+        .split("<tr ")
+        .find(|r| r.contains("x86-b"))
+        .expect("row for x86-b");
+    assert!(row_b.contains("data-state=\"failed\""), "{row_b}");
+    assert!(row_b.contains("available: disk 2 SMART errors"), "{row_b}");
+    assert!(row_b.contains(" s ago"), "since is shown relative: {row_b}");
+    let row_a = dom.split("<tr ").find(|r| r.contains("gh200-a")).unwrap();
+    assert!(row_a.contains("data-state=\"available\"") && row_a.contains("arm64"), "{row_a}");
+    assert!(!dom.contains("bmc-pw-never-shown"));
+
+    // The node timeline.
+    let dom = dump_dom(&d.url(&format!("/nodes/{}", b["id"])));
+    assert!(dom.contains("marked_failed"), "{dom}");
+    assert!(dom.contains("failed at available: disk 2 SMART errors"), "{dom}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_stream_every_change() {
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", TOKEN)],
+    );
+    let n = api(&d, "POST", "/api/v1/nodes", json!({"macs": ["52:54:00:00:30:03"]}));
+    pxed::net::install_crypto_provider();
+    let resp = reqwest::get(d.url("/events")).await.unwrap();
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut resp = resp;
+    api(
+        &d,
+        "POST",
+        &format!("/api/v1/nodes/{}/actions/quarantine", n["id"]),
+        json!({"reason": "GPU fell off the bus"}),
+    );
+    let mut seen = String::new();
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = resp.chunk().await.unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("quarantined") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "no event: {seen}");
+    assert!(seen.contains("event: node"), "{seen}");
+    assert!(seen.contains(&format!("\"node_id\":{}", n["id"])), "{seen}");
+}
