@@ -120,6 +120,12 @@ impl Render for TftpStats {
         );
         c(
             out,
+            "retransmits",
+            "TFTP timeouts that resent data.",
+            &self.retransmits,
+        );
+        c(
+            out,
             "bytes_sent",
             "TFTP payload bytes sent.",
             &self.bytes_sent,
