@@ -45,7 +45,7 @@ done
 
 # Same bytes from both servers, and windowsize really negotiated where claimed.
 for port in $P $Q; do
-    atftp --option "blksize 1468" --option "windowsize 16" -g -r big32.bin -l "$tmp/out/check" 127.0.0.1 "$port"
+    atftp --option "blksize 1468" --option "windowsize 16" -g -r big32.bin -l "$tmp/out/check" 127.0.0.1 "$port" >/dev/null 2>&1
     cmp "$tmp/root/big32.bin" "$tmp/out/check"
     oack=$(atftp --trace --option "blksize 1468" --option "windowsize 16" --option "tsize 0" \
         -g -r ready -l "$tmp/out/r" 127.0.0.1 "$port" 2>&1 | grep -m1 OACK || true)

@@ -449,6 +449,8 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     }
 
     let result = tokio::select! {
+        // Servers return Ok as soon as they see the cancel; without `biased` a
+        // clean SIGTERM could be reported as "a server stopped unexpectedly".
         biased;
         // CANCEL-SAFETY: only waits; nothing is lost when the other branch wins.
         _ = cancel.cancelled() => Ok(()),

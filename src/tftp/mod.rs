@@ -56,6 +56,8 @@ pub struct TftpStats {
     pub malformed_dropped: Counter,
     /// Packets on a transfer socket from a foreign address (answered ERROR 5).
     pub unknown_tid: Counter,
+    /// Windows (or OACKs) resent after a timeout.
+    pub retransmits: Counter,
     /// Payload bytes sent in DATA packets, retransmissions included.
     pub bytes_sent: Counter,
     /// Transfers in flight.
@@ -118,6 +120,12 @@ impl Render for TftpStats {
         );
         c(
             out,
+            "retransmits",
+            "TFTP timeouts that resent data.",
+            &self.retransmits,
+        );
+        c(
+            out,
             "bytes_sent",
             "TFTP payload bytes sent.",
             &self.bytes_sent,
@@ -145,6 +153,6 @@ mod tests {
         s.render(&mut out);
         assert!(out.contains("pxed_tftp_busy_total 1\n"), "{out}");
         assert!(out.contains("pxed_tftp_active_transfers 1\n"), "{out}");
-        assert_eq!(out.matches("# TYPE").count(), 10);
+        assert_eq!(out.matches("# TYPE").count(), 11);
     }
 }

@@ -471,6 +471,7 @@ impl Transfer<'_> {
                             if tries > self.retries {
                                 return End::TimedOut;
                             }
+                            self.stats.retransmits.inc();
                             continue 'oack;
                         }
                         Wait::End(e) => return e,
@@ -530,6 +531,8 @@ impl Transfer<'_> {
                         if tries > self.retries {
                             return End::TimedOut;
                         }
+                        self.stats.retransmits.inc();
+                        tracing::debug!(peer = %self.peer, block = acked + 1, tries, "TFTP timeout; resending");
                         break;
                     }
                     Wait::End(e) => return e,
