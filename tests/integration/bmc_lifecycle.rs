@@ -505,8 +505,8 @@ async fn redfish_reset_that_never_lands_fails_power_cycle() {
             "power stayed Off for ",
         ],
     );
-    // The driver polled for the configured deadline: its last poll is at most one
-    // interval short of it.
+    // The driver polled for the configured deadline: its last poll starts at most one
+    // interval short of it (and its answer may land a little after).
     let why = n["failed_reason"].as_str().unwrap();
     let waited: f64 = why
         .rsplit("for ")
@@ -516,7 +516,7 @@ async fn redfish_reset_that_never_lands_fails_power_cycle() {
         .unwrap_or_else(|| panic!("no wait in {why:?}"));
     let waited = Duration::from_secs_f64(waited);
     assert!(
-        waited > POWER_DEADLINE - POLL && waited <= POWER_DEADLINE,
+        waited > POWER_DEADLINE - POLL && waited < POWER_DEADLINE + Duration::from_secs(1),
         "waited {waited:?}"
     );
     assert!(
