@@ -83,4 +83,7 @@ done
 "$V/python3" bench/bmc_bench.py -n "$N" --sushy "http://127.0.0.1:$S" --pxed "http://127.0.0.1:$H" \
     --token "$TOKEN" --password "$PASSWORD" --system "$NODE" --other "$OTHER" ${BENCH_TRACE:+--trace "$BENCH_TRACE"}
 if grep -q -- "$PASSWORD" "$tmp/pxed.log"; then echo "BMC password in the pxed log!" >&2; exit 1; fi
-echo "pxed warnings during the run: $(grep -c WARN "$tmp/pxed.log" || true)"
+echo "pxed warnings during the run, by kind (power-step failures belong to reinstalls already"
+echo "marked failed by the bench: stale results, ignored by the lifecycle):"
+grep WARN "$tmp/pxed.log" | sed -E 's/^[^ ]+ +WARN +//; s/(generation|attempt|node|waited|for)[= ][^ ]+//g; s/127\.0\.0\.1:[0-9]+/BMC/g' \
+    | cut -c1-150 | sort | uniq -c | sort -rn | head -5 || true

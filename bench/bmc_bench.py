@@ -166,8 +166,12 @@ def main():
     assert st == 201, (st, body)
     node = json.loads(body)["id"]
 
-    lat, posts, before = [], [], []
-    for i in range(a.n):
+    lat, posts, before, skipped = [], [], [], []
+    i = -1
+    while len(lat) < a.n:
+        i += 1
+        if len(skipped) > a.n:
+            raise SystemExit(f"{len(skipped)} reinstalls sent no reset")
         wait_idle(a.settle)
         RESET_SEEN.clear()
         with LOCK:
@@ -176,9 +180,21 @@ def main():
         st, body = call("POST", f"{a.pxed}/api/v1/nodes/{node}/reinstall", {"image": "rocky-9"}, api)
         posts.append(time.monotonic() - t0)
         assert st == 202, (i, st, body)
-        if not RESET_SEEN.wait(30):
+        state = "reclaiming"
+        end = time.monotonic() + 30
+        while not RESET_SEEN.wait(1.0) and state == "reclaiming":
             _, n = call("GET", f"{a.pxed}/api/v1/nodes/{node}", None, api)
-            raise SystemExit(f"iteration {i}: no reset reached the BMC in 30 s: {n.decode()}")
+            state = json.loads(n)["state"]
+            if time.monotonic() > end:
+                raise SystemExit(f"iteration {i}: no reset reached the BMC in 30 s: {n.decode()}")
+        if not RESET_SEEN.is_set():
+            # sushy applies a reset 1-11 s late: the previous reinstall's power-on landed
+            # between the driver's two power reads, and it reported the cycle done
+            # without sending one. Not a latency sample; reinstall again.
+            skipped.append((i, state))
+            if state == "netbooting":
+                call("POST", f"{a.pxed}/api/v1/nodes/{node}/actions/fail", {"reason": "bench"}, api)
+            continue
         with LOCK:
             t1, kind, seq = REC["resets"][n_resets]
         lat.append(t1 - t0)
@@ -197,7 +213,10 @@ def main():
             assert json.loads(n)["state"] == "failed", (i, st, body, n)
 
     kinds = sorted({k for _, k, _ in REC["resets"]})
-    print(f"reinstalls: {a.n}; resets seen at the BMC: {len(REC['resets'])} ({', '.join(kinds)})")
+    print(f"reinstalls sampled: {a.n}; resets seen at the BMC: {len(REC['resets'])} ({', '.join(kinds)})")
+    if skipped:
+        print(f"reinstalls that reached {skipped[0][1]} with no reset sent (sushy's late "
+              f"power-on seen between two power reads; not sampled): {len(skipped)}")
     print(f"BMC requests per reinstall up to and including the reset: median "
           f"{statistics.median(before):.0f} (min {min(before)}, max {max(before)})")
     print("")
