@@ -406,7 +406,9 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let state = AppState::new(
         cfg.clone(),
         store.clone(),
-        Arc::new(StoreBmcs::default()),
+        Arc::new(StoreBmcs {
+            policy: cfg.bmc.call_policy(),
+        }),
         token,
         cancel.child_token(),
     );

@@ -67,6 +67,7 @@ pub struct Wire {
     pub boot: Option<BootWire>,
     pub tftp_server: Option<TftpWire>,
     pub lifecycle: Option<LifecycleWire>,
+    pub bmc: Option<BmcWire>,
 }
 
 /// `[dhcp]`.
@@ -134,6 +135,17 @@ pub struct LifecycleWire {
     pub deadlines: Option<BTreeMap<String, String>>,
     pub max_attempts: Option<u32>,
     pub backoff: Option<String>,
+}
+
+/// `[bmc]`: bounds on the BMC calls the lifecycle makes while reclaiming a node.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcWire {
+    pub request_timeout: Option<String>,
+    pub retries: Option<u32>,
+    pub power_deadline: Option<String>,
+    pub restart_observe: Option<String>,
+    pub poll_interval: Option<String>,
 }
 
 /// A pool: an inclusive address range inside a subnet.
@@ -238,6 +250,54 @@ pub struct LifecycleConfig {
     pub backoff: Duration,
 }
 
+/// Validated BMC call bounds (see [`crate::bmc::CallPolicy`]). A reclaim step that
+/// cannot finish inside these fails with the driver's reason; keep their sum below the
+/// `reclaiming` deadline or a stuck BMC surfaces as a plain deadline instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BmcSettings {
+    /// Bound on one request (one HTTP exchange, one IPMI command).
+    #[serde(with = "secs")]
+    pub request_timeout: Duration,
+    /// Extra attempts after a retryable failure (unreachable, timeout, 5xx).
+    pub retries: u32,
+    /// How long a power action may take to show in the power state.
+    #[serde(with = "secs")]
+    pub power_deadline: Duration,
+    /// How long to look for a transition after a restart-style reset.
+    #[serde(with = "secs")]
+    pub restart_observe: Duration,
+    /// Interval between power-state polls.
+    #[serde(with = "secs")]
+    pub poll_interval: Duration,
+}
+
+impl Default for BmcSettings {
+    fn default() -> Self {
+        let p = crate::bmc::CallPolicy::default();
+        BmcSettings {
+            request_timeout: p.request_timeout,
+            retries: p.retries,
+            power_deadline: p.power_deadline,
+            restart_observe: p.restart_observe,
+            poll_interval: p.poll_interval,
+        }
+    }
+}
+
+impl BmcSettings {
+    /// The driver policy; backoff and override attempts keep the driver defaults.
+    pub fn call_policy(&self) -> crate::bmc::CallPolicy {
+        crate::bmc::CallPolicy {
+            request_timeout: self.request_timeout,
+            retries: self.retries,
+            power_deadline: self.power_deadline,
+            restart_observe: self.restart_observe,
+            poll_interval: self.poll_interval,
+            ..crate::bmc::CallPolicy::default()
+        }
+    }
+}
+
 /// The validated configuration `pxed serve` runs with.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -259,6 +319,7 @@ pub struct Config {
     pub boot: BootConfig,
     pub tftp_server: TftpSettings,
     pub lifecycle: LifecycleConfig,
+    pub bmc: BmcSettings,
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -614,6 +675,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             None => Duration::from_secs(10),
         },
     };
+    let bmc = validate_bmc(w.bmc.unwrap_or_default())?;
     let api_token = match (w.api_token, &w.api_token_file) {
         (Some(t), _) => Some(t),
         (None, Some(path)) => Some(
@@ -662,7 +724,53 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         boot,
         tftp_server,
         lifecycle,
+        bmc,
     })
+}
+
+fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
+    let def = BmcSettings::default();
+    let dur = |key: &'static str, v: Option<String>, default: Duration| match v {
+        Some(s) => match parse_duration(&s).map_err(|e| invalid(key, e))? {
+            Duration::ZERO => Err(invalid(key, "must be more than 0")),
+            d => Ok(d),
+        },
+        None => Ok(default),
+    };
+    let s = BmcSettings {
+        request_timeout: dur(
+            "bmc.request_timeout",
+            b.request_timeout,
+            def.request_timeout,
+        )?,
+        retries: b.retries.unwrap_or(def.retries),
+        power_deadline: dur("bmc.power_deadline", b.power_deadline, def.power_deadline)?,
+        restart_observe: dur(
+            "bmc.restart_observe",
+            b.restart_observe,
+            def.restart_observe,
+        )?,
+        poll_interval: dur("bmc.poll_interval", b.poll_interval, def.poll_interval)?,
+    };
+    if s.restart_observe > s.power_deadline {
+        return Err(invalid(
+            "bmc.restart_observe",
+            format!(
+                "{:?} is longer than bmc.power_deadline ({:?})",
+                s.restart_observe, s.power_deadline
+            ),
+        ));
+    }
+    if s.poll_interval > s.power_deadline {
+        return Err(invalid(
+            "bmc.poll_interval",
+            format!(
+                "{:?} is longer than bmc.power_deadline ({:?})",
+                s.poll_interval, s.power_deadline
+            ),
+        ));
+    }
+    Ok(s)
 }
 
 /// Lifecycle state names, as stored in SQLite.
@@ -845,5 +953,51 @@ mod tests {
             Some("52:54:00:ab:cd:ef")
         );
         assert!(normalize_mac("52:54:00").is_none());
+    }
+
+    #[test]
+    fn bmc_section_from_env_and_file() {
+        let c = load(None, env(&[]), &Flags::default()).unwrap();
+        assert_eq!(c.bmc.call_policy(), crate::bmc::CallPolicy::default());
+        let c = load(
+            None,
+            env(&[
+                ("PXED_BMC__POWER_DEADLINE", "3s"),
+                ("PXED_BMC__RESTART_OBSERVE", "500ms"),
+                ("PXED_BMC__RETRIES", "0"),
+            ]),
+            &Flags::default(),
+        )
+        .unwrap();
+        let p = c.bmc.call_policy();
+        assert_eq!(p.power_deadline, Duration::from_secs(3));
+        assert_eq!(p.restart_observe, Duration::from_millis(500));
+        assert_eq!(p.retries, 0);
+        assert_eq!(p.request_timeout, Duration::from_secs(20));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pxed.toml");
+        std::fs::write(
+            &f,
+            "[bmc]\nrequest_timeout = \"2s\"\npoll_interval = \"100ms\"\n",
+        )
+        .unwrap();
+        let c = load(Some(&f), env(&[]), &Flags::default()).unwrap();
+        assert_eq!(c.bmc.request_timeout, Duration::from_secs(2));
+        assert_eq!(c.bmc.poll_interval, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn bmc_section_refuses_nonsense() {
+        for (var, val, key) in [
+            ("PXED_BMC__TIMEOUT", "1s", "timeout"),
+            ("PXED_BMC__POLL_INTERVAL", "0s", "bmc.poll_interval"),
+            ("PXED_BMC__POWER_DEADLINE", "soon", "bmc.power_deadline"),
+            ("PXED_BMC__RESTART_OBSERVE", "1h", "bmc.restart_observe"),
+        ] {
+            let e = load(None, env(&[(var, val)]), &Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{var}={val}: {e}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Integration tests: one binary, one module per area.
 
 mod bmc;
+mod bmc_lifecycle;
 mod cli;
 mod common;
 mod crash;
