@@ -325,6 +325,15 @@ impl AppState {
 /// The iPXE dir exists; every named interface exists and has an address; a full-mode
 /// pool lies in the subnet of the interface it is served on.
 fn preflight(cfg: &Config) -> anyhow::Result<()> {
+    if let Some(reclaim) = cfg.lifecycle.deadlines.get("reclaiming")
+        && cfg.bmc.power_deadline >= *reclaim
+    {
+        tracing::warn!(
+            power_deadline = ?cfg.bmc.power_deadline,
+            reclaiming = ?reclaim,
+            "bmc.power_deadline is not shorter than the reclaiming deadline: a stuck power action will show as a deadline, not as the BMC's error"
+        );
+    }
     if !cfg.ipxe_dir.is_dir() {
         anyhow::bail!(
             "iPXE dir {} does not exist (fetch the binaries with ipxe/fetch.sh {0}, or set --ipxe-dir)",

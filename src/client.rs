@@ -554,7 +554,10 @@ async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
                 .await
                 .map_err(|e| ClientError::Other(e.to_string()))?
                 .ok_or_else(|| ClientError::Other(format!("node {node} not found")))?;
-            let ep = crate::lifecycle::worker::StoreBmcs::default()
+            let bmcs = crate::lifecycle::worker::StoreBmcs {
+                policy: cfg.bmc.call_policy(),
+            };
+            let ep = bmcs
                 .endpoint(&store, n.id)
                 .await
                 .map_err(|e| ClientError::Other(e.to_string()))?;
@@ -578,7 +581,10 @@ async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
             } else {
                 TlsPolicy::Pinned(None)
             },
-            policy: CallPolicy::default(),
+            policy: server
+                .load()
+                .map(|c| c.bmc.call_policy())
+                .unwrap_or_else(|_| CallPolicy::default()),
         },
         _ => {
             return Err(ClientError::Other(

@@ -753,7 +753,18 @@ impl RedfishBmc {
         if parse_power(&sys) == want {
             return Ok(());
         }
-        let allowed = Self::allowed_resets(&sys);
+        self.power_from(&sys, &path, want).await
+    }
+
+    /// Sends the reset that moves the system to `want`, deciding from `sys` as already
+    /// read (no second read: the state may change in between on asynchronous BMCs).
+    async fn power_from(
+        &self,
+        sys: &serde_json::Value,
+        path: &str,
+        want: PowerState,
+    ) -> Result<(), BmcError> {
+        let allowed = Self::allowed_resets(sys);
         let prefs: &[&str] = if want == PowerState::On {
             &["On", "ForceOn"]
         } else {
@@ -768,7 +779,7 @@ impl RedfishBmc {
                 allowed.clone().unwrap_or_default().join(", ")
             ),
         })?;
-        let target = self.reset_target(&sys, &path);
+        let target = self.reset_target(sys, path);
         self.reset(&target, kind).await?;
         await_power(&self.policy, D, kind, want, || self.read_power()).await
     }
@@ -783,10 +794,24 @@ impl RedfishBmc {
 
     async fn do_cycle(&self) -> Result<(), BmcError> {
         let path = self.system().await?.to_string();
-        let sys = self.get(Step::Power, &path).await?.body;
+        let mut sys = self.get(Step::Power, &path).await?.body;
         if parse_power(&sys) == PowerState::Off {
             tracing::info!(bmc = %self.base, "node is off: powering on instead of cycling");
-            return self.do_power(PowerState::On).await;
+            match self.power_from(&sys, &path, PowerState::On).await {
+                // Refused because it came on meanwhile (an earlier asynchronous power
+                // action landing): it may be booting with the old boot order, so
+                // restart it below rather than report success without a reset.
+                Err(BmcError::Protocol {
+                    status: Some(400 | 409),
+                    ..
+                }) => {
+                    sys = self.get(Step::Power, &path).await?.body;
+                    if parse_power(&sys) != PowerState::On {
+                        return self.power_from(&sys, &path, PowerState::On).await;
+                    }
+                }
+                other => return other,
+            }
         }
         let allowed = Self::allowed_resets(&sys);
         let target = self.reset_target(&sys, &path);

@@ -36,7 +36,7 @@ fn repo_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-fn free_tcp_port() -> u16 {
+pub(crate) fn free_tcp_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -185,13 +185,13 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
 }
 
 /// tests/peers/bmc_fault_proxy.py in front of an upstream.
-struct FaultProxy {
+pub(crate) struct FaultProxy {
     _proc: Proc,
     port: u16,
 }
 
 impl FaultProxy {
-    fn start(upstream: &str, faults: &str) -> FaultProxy {
+    pub(crate) fn start(upstream: &str, faults: &str) -> FaultProxy {
         let mut child = Command::new(venv_bin("python3"))
             .arg(repo_file("tests/peers/bmc_fault_proxy.py"))
             .args(["--upstream", upstream, "--faults", faults])
@@ -214,11 +214,11 @@ impl FaultProxy {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn stats(&self) -> serde_json::Value {
+    pub(crate) fn stats(&self) -> serde_json::Value {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         write!(
@@ -236,7 +236,7 @@ impl FaultProxy {
 /// OpenIPMI ipmi_sim on a free UDP port, lanplus, admin/PASSWORD, hook-driven chassis.
 pub(crate) struct IpmiSim {
     _proc: Proc,
-    port: u16,
+    pub(crate) port: u16,
     dir: tempfile::TempDir,
 }
 
@@ -295,6 +295,14 @@ set_working_mc 0x20
             port,
             dir,
         }
+    }
+
+    pub(crate) fn dir_path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub(crate) fn chassis_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("chassis/chassis.log")).unwrap_or_default()
     }
 
     fn fault(&self, name: &str) {

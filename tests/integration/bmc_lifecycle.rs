@@ -4,14 +4,13 @@
 //! node must end `failed` naming the step and the BMC's message, inside the configured
 //! `reclaiming` deadline, with every attempt in the audit log and no password anywhere.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::bmc::{NODE1, NODE2, PASSWORD, Sushy};
+use crate::bmc::{FaultProxy, IpmiSim, NODE1, NODE2, PASSWORD, Sushy};
 use crate::common::{Daemon, pxed_bin, repo, run, write_file};
 
 const TOKEN: &str = "bmc-lifecycle-token";
@@ -19,188 +18,6 @@ const TOKEN: &str = "bmc-lifecycle-token";
 const RECLAIM_DEADLINE: Duration = Duration::from_secs(20);
 /// Lifecycle retries: every fault is tried `MAX_ATTEMPTS + 1` times.
 const MAX_ATTEMPTS: usize = 1;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn venv_python() -> PathBuf {
-    let p = PathBuf::from(std::env::var("PEERS_DIR").unwrap_or_else(|_| "/tmp/pxed-peers".into()))
-        .join("venv/bin/python3");
-    assert!(
-        p.exists(),
-        "{} missing: run .ci/install.sh (sushy-tools venv)",
-        p.display()
-    );
-    p
-}
-
-fn free_port(udp: bool) -> u16 {
-    if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-}
-
-/// `tests/peers/bmc_fault_proxy.py` in front of sushy.
-struct FaultProxy {
-    _proc: Proc,
-    port: u16,
-}
-
-impl FaultProxy {
-    fn start(upstream: &str, faults: &str) -> FaultProxy {
-        let mut child = Command::new(venv_python())
-            .arg(repo().join("tests/peers/bmc_fault_proxy.py"))
-            .args(["--upstream", upstream, "--faults", faults])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("fault proxy");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("proxy said {line:?}"));
-        FaultProxy {
-            _proc: Proc(child),
-            port,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    async fn stats(&self) -> Value {
-        reqwest::get(format!("{}/_proxy/stats", self.url()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-}
-
-/// OpenIPMI ipmi_sim on a free UDP port (lanplus, admin/PASSWORD), chassis actions
-/// recorded by `tests/peers/bmc_ipmi_chassis_hook.sh`.
-struct IpmiSim {
-    _proc: Proc,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl IpmiSim {
-    fn start() -> IpmiSim {
-        assert!(
-            Command::new("ipmi_sim").arg("--version").output().is_ok(),
-            "ipmi_sim missing: apt-get install openipmi"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let port = free_port(true);
-        std::fs::create_dir_all(d.join("state")).unwrap();
-        std::fs::create_dir_all(d.join("chassis")).unwrap();
-        let conf = format!(
-            r#"name "pxebmc"
-set_working_mc 0x20
-  startlan 1
-    addr 127.0.0.1 {port}
-    priv_limit admin
-    allowed_auths_callback none md2 md5 straight
-    allowed_auths_user none md2 md5 straight
-    allowed_auths_operator none md2 md5 straight
-    allowed_auths_admin none md2 md5 straight
-    guid a123456789abcdefa123456789abcdef
-  endlan
-  chassis_control "{hook} {chassis} 0x20"
-  user 1 true  ""      "test"     user  10 none md2 md5 straight
-  user 2 true  "admin" "{PASSWORD}" admin 10 none md2 md5 straight
-"#,
-            hook = repo()
-                .join("tests/peers/bmc_ipmi_chassis_hook.sh")
-                .display(),
-            chassis = d.join("chassis").display()
-        );
-        std::fs::write(d.join("lan.conf"), conf).unwrap();
-        std::fs::write(
-            d.join("bmc.emu"),
-            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nsel_enable 0x20 1000 0x0a\nmc_enable 0x20\n",
-        )
-        .unwrap();
-        let child = Command::new("ipmi_sim")
-            .arg("-c")
-            .arg(d.join("lan.conf"))
-            .arg("-f")
-            .arg(d.join("bmc.emu"))
-            .arg("-s")
-            .arg(d.join("state"))
-            .arg("-n")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(d.join("sim.log")).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("ipmi_sim");
-        IpmiSim {
-            _proc: Proc(child),
-            port,
-            dir,
-        }
-    }
-
-    /// Waits until the simulator answers a session (it takes a moment to bind).
-    async fn ready(&self) {
-        use pxed::bmc::{self, BmcEndpoint, CallPolicy, Driver, Secret, TlsPolicy};
-        let ep = BmcEndpoint {
-            driver: Driver::Ipmi,
-            address: format!("127.0.0.1:{}", self.port),
-            username: "admin".into(),
-            password: Secret::new(PASSWORD),
-            system_id: None,
-            match_mac: None,
-            match_uuid: None,
-            tls: TlsPolicy::Pinned(None),
-            policy: CallPolicy {
-                request_timeout: Duration::from_millis(800),
-                retries: 0,
-                ..CallPolicy::default()
-            },
-        };
-        let end = Instant::now() + Duration::from_secs(15);
-        loop {
-            let b = bmc::connect(&ep).unwrap();
-            let r = b.power_state().await;
-            b.close().await;
-            match r {
-                Ok(_) => return,
-                Err(e) if Instant::now() > end => panic!("ipmi_sim never answered: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
-    }
-
-    fn chassis_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("chassis/chassis.log")).unwrap_or_default()
-    }
-}
 
 /// A local mirror with the files the rocky-9 catalog entry expects.
 fn mirror(dir: &Path) -> String {
@@ -386,7 +203,7 @@ fn assert_failed(n: &Value, elapsed: Duration, step: &str, reason: &[&str]) {
 #[tokio::test(flavor = "multi_thread")]
 async fn redfish_not_listening_fails_set_netboot_unreachable() {
     let lab = Lab::start(&[]);
-    let addr = format!("http://127.0.0.1:{}", free_port(false));
+    let addr = format!("http://127.0.0.1:{}", crate::bmc::free_tcp_port());
     let id = lab
         .register("52:54:00:20:00:01", redfish(&addr, PASSWORD, NODE2))
         .await;
@@ -441,7 +258,7 @@ async fn redfish_patch_500_fails_set_netboot_with_status() {
         ],
     );
     // A 500 is retried once by the driver ([bmc] retries = 1) on each lifecycle attempt.
-    assert_eq!(proxy.stats().await["patches"], 2 * (MAX_ATTEMPTS + 1));
+    assert_eq!(proxy.stats()["patches"], 2 * (MAX_ATTEMPTS + 1));
     lab.assert_no_secret(id, &[PASSWORD]).await;
 }
 
@@ -466,12 +283,9 @@ async fn redfish_ignored_patch_fails_set_netboot_override_not_applied() {
         ],
     );
     let per_call = pxed::bmc::CallPolicy::default().override_attempts as usize;
-    assert_eq!(
-        proxy.stats().await["patches"],
-        per_call * (MAX_ATTEMPTS + 1)
-    );
+    assert_eq!(proxy.stats()["patches"], per_call * (MAX_ATTEMPTS + 1));
     // Never power-cycled into the disk.
-    assert_eq!(proxy.stats().await["resets"], json!([]));
+    assert_eq!(proxy.stats()["resets"], json!([]));
     lab.assert_no_secret(id, &[PASSWORD]).await;
 }
 
@@ -524,7 +338,7 @@ async fn redfish_reset_that_never_lands_fails_power_cycle() {
         "{elapsed:?}"
     );
     // The boot override was set once; the power step alone was retried.
-    let s = proxy.stats().await;
+    let s = proxy.stats();
     assert_eq!(s["resets"], json!(["On", "On"]), "{s}");
     assert_eq!(s["patches"], 1, "{s}");
     lab.assert_no_secret(id, &[PASSWORD]).await;
@@ -569,7 +383,7 @@ async fn ipmi_reinstall_reaches_netbooting() {
         .unwrap_or_else(|| panic!("no power on:\n{log}"));
     assert!(boot < power_on, "boot device set after power:\n{log}");
     assert_eq!(
-        std::fs::read_to_string(sim.dir.path().join("chassis/power"))
+        std::fs::read_to_string(sim.dir_path().join("chassis/power"))
             .unwrap()
             .trim(),
         "1"
