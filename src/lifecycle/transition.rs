@@ -823,13 +823,17 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             E::InstallFinished { .. },
         ) => not_allowed(),
 
+        // From `installing` too: the installed system is up and reporting, so the
+        // install finished even if the installer's own callback was lost. Waiting for
+        // it would let the installing deadline reinstall a good node.
         (
-            S::FirstBoot,
+            S::FirstBoot | S::Installing,
             E::FirstBootReported {
                 hostname, facts, ..
             },
         ) => {
             let next = Node {
+                state: S::FirstBoot,
                 first_boot_reported: true,
                 ..node.clone()
             };
@@ -852,7 +856,6 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             | S::Allocated
             | S::Reclaiming
             | S::Netbooting
-            | S::Installing
             | S::Failed
             | S::Quarantined,
             E::FirstBootReported { .. },
@@ -1188,6 +1191,7 @@ mod tests {
             (S::Netbooting | S::Installing, "install_finished") => To(S::FirstBoot, ARM),
             (S::FirstBoot, "install_finished") => Ignored(super::Ignored::Repeated),
             (S::FirstBoot, "first_boot_reported") => To(S::FirstBoot, &[]),
+            (S::Installing, "first_boot_reported") => To(S::FirstBoot, ARM),
             (S::FirstBoot, "health_passed") => To(S::Available, CLEAR),
             (S::FirstBoot, "health_failed") => To(S::Failed, CLEAR),
             (S::Reclaiming | S::Netbooting | S::Installing, "deadline_expired") => {
@@ -1265,7 +1269,7 @@ mod tests {
             }
         }
         assert_eq!(cells, 9 * 16);
-        assert_eq!(allowed, 34, "allowed cells");
+        assert_eq!(allowed, 35, "allowed cells");
     }
 
     /// Apply an event that must change the node; return the new record and effects.

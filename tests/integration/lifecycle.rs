@@ -676,3 +676,44 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
     let (_, all) = h.api(reqwest::Method::GET, "/nodes", None, None).await;
     assert_eq!(all.as_array().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn lost_installed_callback_does_not_reinstall() {
+    // The installer's `installed` call never arrived; the installed system's agent does.
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:08";
+    let id = h.register(mac).await;
+    h.api(
+        reqwest::Method::POST,
+        &format!("/nodes/{id}/reinstall"),
+        Some(json!({"image": "rocky-9"})),
+        None,
+    )
+    .await;
+    h.wait_state(id, "netbooting").await;
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    let token = token_from_script(&script);
+    assert_eq!(h.node(id).await["state"], "installing");
+    let (s, v) = h
+        .post(
+            &format!("/cb/{token}/first-boot"),
+            json!({"hostname": "node-aabb08", "arch": "x86_64", "facts": {}}),
+        )
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("first_boot")), "{v}");
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert!(
+        script.contains("sanboot") && !script.contains("kernel "),
+        "{script}"
+    );
+    let (s, v) = h
+        .post(
+            &format!("/cb/{token}/health"),
+            json!({"status": "fail", "detail": "nvidia-smi: no devices"}),
+        )
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("failed")), "{v}");
+    let n = h.node(id).await;
+    assert_eq!(n["failed_step"], "first_boot");
+    assert_eq!(n["failed_reason"], "nvidia-smi: no devices");
+}
