@@ -54,7 +54,6 @@ pub struct Wire {
     pub ipxe_dir: Option<PathBuf>,
     pub images_dir: Option<PathBuf>,
     pub images_catalog: Option<PathBuf>,
-    pub templates_dir: Option<PathBuf>,
     pub http: Option<SocketAddr>,
     pub tftp: Option<SocketAddr>,
     /// Base URL of the local OS mirror; image paths are relative to it.
@@ -307,7 +306,6 @@ pub struct Config {
     pub ipxe_dir: PathBuf,
     pub images_dir: PathBuf,
     pub images_catalog: PathBuf,
-    pub templates_dir: Option<PathBuf>,
     pub http: SocketAddr,
     pub tftp: SocketAddr,
     pub mirror_base: Option<String>,
@@ -429,7 +427,6 @@ fn demo_defaults() -> toml::Table {
         data_dir = "./pxed-demo"
         ipxe_dir = "./ipxe/bin"
         images_catalog = "./images"
-        templates_dir = "./templates"
         http = "127.0.0.1:8080"
         tftp = "127.0.0.1:6969"
         server_ip = "127.0.0.1"
@@ -702,7 +699,6 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         images_catalog: w
             .images_catalog
             .unwrap_or_else(|| "/usr/share/pxed/images".into()),
-        templates_dir: w.templates_dir,
         http: w
             .http
             .unwrap_or_else(|| "0.0.0.0:80".parse().expect("literal")),

@@ -158,7 +158,6 @@ impl Harness {
             .collect();
         let mut cfg = config::load(None, env, &flags).unwrap();
         cfg.images_catalog = crate::common::repo().join("images");
-        cfg.templates_dir = None;
         cfg.ipxe_dir = crate::common::repo().join("ipxe/bin");
         let store = Store::open(&cfg.data_dir).await.unwrap();
         // "Import" rocky-9 from the repo's catalog without downloading anything.
