@@ -10,5 +10,6 @@ mod dhcp;
 mod install;
 mod lifecycle;
 mod netns;
+mod qemu;
 mod status;
 mod tftp;
