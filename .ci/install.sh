@@ -8,7 +8,7 @@ PEERS_DIR=${PEERS_DIR:-/tmp/pxed-peers}
 pkgs=(iproute2 dnsmasq-base isc-dhcp-client dhcpcd-base udhcpc busybox-static
       tftp-hpa atftp tftpd-hpa curl openipmi ipmitool kea-admin hyperfine
       systemd python3-venv ca-certificates shellcheck cloud-init python3-jsonschema python3-yaml
-      debconf openssl chromium)
+      debconf openssl chromium qemu-system-x86 ovmf qemu-system-arm qemu-efi-aarch64 ipxe-qemu)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
