@@ -196,7 +196,10 @@ impl AppState {
         };
         let state = node.state.as_str();
         if state == State::Discovered.as_str() {
-            return (Action::Discovery, format!("node {} was discovered and is not enrolled", node.id));
+            return (
+                Action::Discovery,
+                format!("node {} was discovered and is not enrolled", node.id),
+            );
         }
         let installing = state == State::Netbooting.as_str() || state == State::Installing.as_str();
         let (true, Some(token)) = (installing, node.boot_token.as_deref()) else {
