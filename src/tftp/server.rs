@@ -396,13 +396,15 @@ async fn transfer(
         .collect();
     let neg = negotiate(&options, size, ctx.settings.timeout);
     tracing::debug!(%peer, file = %name, size, blksize = neg.blksize, windowsize = neg.windowsize, "TFTP transfer starts");
+    let cancelled = Box::pin(cancel.cancelled_owned());
     let mut t = Transfer {
         sock,
         peer,
-        cancel,
         stats,
         rbuf: vec![0u8; 1024],
         retries: ctx.settings.retries,
+        cancelled,
+        timer: Box::pin(tokio::time::sleep(neg.timeout)),
     };
     let end = t.run(&source, &neg).await;
     match end {
@@ -445,10 +447,14 @@ enum Wait {
 struct Transfer<'a> {
     sock: UdpSocket,
     peer: SocketAddr,
-    cancel: CancellationToken,
     stats: &'a TftpStats,
     rbuf: Vec<u8>,
     retries: u32,
+    // Created once per transfer, not per block: in lock-step transfers (window 1)
+    // every ACK goes through `wait`, and a fresh timer and cancellation waiter per
+    // block cost measurable time against tftpd-hpa.
+    cancelled: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 impl Transfer<'_> {
@@ -545,14 +551,17 @@ impl Transfer<'_> {
     /// strangers with ERROR 5 and ignoring anything else.
     async fn wait(&mut self, deadline: Instant) -> Wait {
         loop {
+            if self.timer.deadline() != deadline {
+                self.timer.as_mut().reset(deadline);
+            }
             let r = tokio::select! {
                 biased;
-                // CANCEL-SAFETY: only waits.
-                _ = self.cancel.cancelled() => return Wait::End(End::Cancelled),
+                // CANCEL-SAFETY: only waits; the future is kept and polled again.
+                _ = &mut self.cancelled => return Wait::End(End::Cancelled),
                 // CANCEL-SAFETY: recv_from is cancel-safe; an unread datagram stays queued.
                 r = self.sock.recv_from(&mut self.rbuf) => r,
-                // CANCEL-SAFETY: only waits.
-                _ = tokio::time::sleep_until(deadline) => return Wait::Timeout,
+                // CANCEL-SAFETY: only waits; the timer is kept and reset per block.
+                _ = &mut self.timer => return Wait::Timeout,
             };
             let (n, from) = match r {
                 Ok(r) => r,
