@@ -86,10 +86,10 @@ pair p
 mkdir -p "$work/pxed"
 ip netns exec pxbs-$tag-p "$PXED" serve --dhcp full --interface pv0 \
   --pool 10.98.1.1-10.98.255.250 --netmask 255.255.0.0 --lease-time 1h \
-  --data-dir "$work/pxed" --http 10.98.0.1:80 --tftp 10.98.0.1:69 \
+  --data-dir "$work/pxed" --ipxe-dir "$PWD/ipxe/bin" --http 10.98.0.1:80 --tftp 10.98.0.1:69 \
   2>"$work/pxed.log" &
 pids+=($!)
-wait_port67 pxbs-$tag-p
+wait_port67 pxbs-$tag-p || { cat "$work/pxed.log" >&2; exit 1; }
 pxed_best=$(ladder pxbc-$tag-p pxed)
 leases=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from leases').fetchone()[0])" "$work/pxed/pxed.sqlite" 2>/dev/null || echo '?')
 

@@ -16,7 +16,7 @@ use crate::lifecycle::transition::{Event, Policy, State};
 use crate::lifecycle::worker::{BmcConnector, Lifecycle, StoreBmcs};
 use crate::metrics::{Counter, Render, sample};
 use crate::script::{Action, ArchBoot};
-use crate::store::nodes::{NewNode, NodeRow};
+use crate::store::nodes::NodeRow;
 use crate::store::{Store, StoreError};
 
 /// Counters of the HTTP side.
@@ -133,41 +133,29 @@ impl AppState {
             .and_then(|r| serde_json::from_str(&r.definition).ok()))
     }
 
-    /// Registers an unknown MAC as a `discovered` node (DHCP or a script fetch saw it).
+    /// Registers an unknown MAC as a `discovered` node (a script fetch saw it).
     pub async fn discover(&self, mac: &str, arch: Option<&str>) -> Result<(), StoreError> {
         if self.known_macs.lock().expect("lock").contains(mac) {
             return Ok(());
         }
-        if self.store.node_by_mac(mac).await?.is_none() {
-            let id = self
-                .store
-                .create_node(
-                    &NewNode {
-                        name: None,
-                        arch: arch.unwrap_or("unknown").to_string(),
-                        state: State::Discovered.as_str().to_string(),
-                        macs: vec![mac.to_string()],
-                        boot_mac: None,
-                        bmc: None,
-                    },
-                    "discovery",
-                )
-                .await;
-            match id {
-                Ok(id) => {
-                    self.stats.discovered.inc();
-                    tracing::info!(node = id, %mac, arch = arch.unwrap_or("unknown"), "discovered a new machine");
-                }
-                // Two packets of one client racing: the other one registered it.
-                Err(StoreError::Db(sqlx::Error::Database(d))) if d.is_unique_violation() => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let created = self
+            .store
+            .discover_many(&[(mac.to_string(), arch.map(String::from))])
+            .await?;
+        self.registered(&created);
         self.known_macs
             .lock()
             .expect("lock")
             .insert(mac.to_string());
         Ok(())
+    }
+
+    fn registered(&self, created: &[(i64, String)]) {
+        for (id, mac) in created {
+            self.stats.discovered.inc();
+            self.lifecycle.notify(*id, "registered", "discovered");
+            tracing::info!(node = id, %mac, "discovered a new machine");
+        }
     }
 
     /// What `/boot/{mac}.ipxe` tells this node to do, and why. Serving the installer
@@ -393,16 +381,37 @@ fn api_token(cfg: &Config) -> anyhow::Result<String> {
     Ok(t)
 }
 
-/// Registers every MAC the DHCP server sees that pxed does not know yet as a
-/// `discovered` node, with the architecture its option 93 implies.
+/// Registers every netboot client the DHCP server sees that pxed does not know yet as
+/// a `discovered` node, with the architecture its option 93 implies. Batched: a burst
+/// of new machines is one transaction, so discovery never holds up lease commits.
 async fn discovery(st: Arc<AppState>, mut rx: tokio::sync::mpsc::Receiver<crate::dhcp::DhcpSeen>) {
-    while let Some(seen) = rx.recv().await {
-        let Some(mac) = crate::config::normalize_mac(&seen.mac) else {
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, 256).await > 0 {
+        let mut new: Vec<(String, Option<String>)> = Vec::new();
+        {
+            let known = st.known_macs.lock().expect("lock");
+            for seen in batch.drain(..) {
+                let Some(mac) = crate::config::normalize_mac(&seen.mac) else {
+                    continue;
+                };
+                if !known.contains(&mac) && !new.iter().any(|(m, _)| *m == mac) {
+                    let arch = seen.arch.and_then(crate::boot::arch_name).map(String::from);
+                    new.push((mac, arch));
+                }
+            }
+        }
+        if new.is_empty() {
             continue;
-        };
-        let arch = seen.arch.and_then(crate::boot::arch_name);
-        if let Err(e) = st.discover(&mac, arch).await {
-            tracing::warn!(%mac, error = %e, "registering a discovered machine");
+        }
+        match st.store.discover_many(&new).await {
+            Ok(created) => {
+                st.registered(&created);
+                st.known_macs
+                    .lock()
+                    .expect("lock")
+                    .extend(new.into_iter().map(|(m, _)| m));
+            }
+            Err(e) => tracing::warn!(error = %e, n = new.len(), "registering discovered machines"),
         }
     }
 }

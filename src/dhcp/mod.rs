@@ -54,7 +54,7 @@ pub enum DhcpError {
     Store(#[from] StoreError),
 }
 
-/// A client was heard from (for discovery of unknown machines).
+/// A netboot client was heard from (for discovery of unknown machines).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DhcpSeen {
     pub mac: String,
@@ -304,14 +304,18 @@ async fn handle(
         }
     };
     stats.count_type(req.msg_type);
-    let seen = DhcpSeen {
-        mac: req.client.mac.clone(),
-        arch: req.client.arch,
-        vendor_class: req.client.vendor_class.clone(),
-        user_class_ipxe: req.client.user_class_ipxe,
-    };
-    if let Err(mpsc::error::TrySendError::Full(_)) = shared.seen.try_send(seen) {
-        stats.seen_dropped.inc();
+    // Only machines that try to netboot are inventory; phones, switches and BMCs
+    // asking for an address are not.
+    if req.client.is_netboot() {
+        let seen = DhcpSeen {
+            mac: req.client.mac.clone(),
+            arch: req.client.arch,
+            vendor_class: req.client.vendor_class.clone(),
+            user_class_ipxe: req.client.user_class_ipxe,
+        };
+        if let Err(mpsc::error::TrySendError::Full(_)) = shared.seen.try_send(seen) {
+            stats.seen_dropped.inc();
+        }
     }
     let now = unix_now();
     let (decision, writes) = {

@@ -426,6 +426,57 @@ async fn set_bmc_tx(
 }
 
 impl Store {
+    /// Registers the MACs not known yet as `discovered` nodes, all in one transaction
+    /// (a rack powering on at once costs one commit, not one per machine). Returns the
+    /// new nodes' ids.
+    pub async fn discover_many(
+        &self,
+        seen: &[(String, Option<String>)],
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut created = Vec::new();
+        let t = now();
+        for (mac, arch) in seen {
+            let known = sqlx::query_scalar!("SELECT node_id FROM interfaces WHERE mac = ?", mac)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if known.is_some() {
+                continue;
+            }
+            let arch = arch.as_deref().unwrap_or("unknown");
+            let id = sqlx::query_scalar!(
+                r#"INSERT INTO nodes (arch, state, state_since, created_at)
+                   VALUES (?, 'discovered', ?, ?) RETURNING id"#,
+                arch,
+                t,
+                t
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query!(
+                "INSERT INTO interfaces (mac, node_id, is_boot) VALUES (?, ?, 1)",
+                mac,
+                id
+            )
+            .execute(&mut *tx)
+            .await?;
+            append_event(
+                &mut tx,
+                id,
+                0,
+                None,
+                "registered",
+                "discovered",
+                "discovery",
+                Some(arch),
+            )
+            .await?;
+            created.push((id, mac.clone()));
+        }
+        tx.commit().await?;
+        Ok(created)
+    }
+
     /// Records the architecture a node reported (DHCP option 93 or the agent).
     pub async fn set_arch(&self, id: i64, arch: &str) -> Result<(), StoreError> {
         sqlx::query!("UPDATE nodes SET arch = ? WHERE id = ?", arch, id)
