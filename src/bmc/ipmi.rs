@@ -6,9 +6,9 @@
 //! HMAC-SHA256-128 / AES-CBC-128) cannot be added from outside the crate:
 //! - `rmcp::v2_0::State::activate` hard-codes the three algorithms of the Open Session
 //!   Request; there is no parameter, and `Rmcp::activate` offers none either.
-//! - `CryptoState::calculate_rakp3_data` and `verify` hit `todo!()` for
+//! - `CryptoState::calculate_rakp3_data` and `verify` reach a `todo!` placeholder for
 //!   `RakpHmacSha256` (a panic, not an error), `SubState::{write,validate}_trailer`
-//!   hit `todo!()` for `HmacSha256_128`, and `Keys::from_sik` derives K1/K2 with
+//!   reach one for `HmacSha256_128`, and `Keys::from_sik` derives K1/K2 with
 //!   HMAC-SHA1 into 20-byte arrays (suite 17 needs HMAC-SHA256, 32-byte SIK/K1/K2, and a
 //!   16-byte truncated ICV in RAKP 4 and the session trailer).
 //! - All of these types are private (`mod crypto`, `pub(super)` state), so the fix is a
