@@ -150,6 +150,14 @@ impl AppState {
         Ok(())
     }
 
+    /// Drops MACs from the discovery cache (their node was deleted).
+    pub fn forget_macs(&self, macs: &[String]) {
+        let mut known = self.known_macs.lock().expect("lock");
+        for m in macs {
+            known.remove(m);
+        }
+    }
+
     fn registered(&self, created: &[(i64, String)]) {
         for (id, mac) in created {
             self.stats.discovered.inc();

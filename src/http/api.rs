@@ -300,6 +300,7 @@ async fn create_node(
         .node(id)
         .await?
         .ok_or_else(|| ApiError::not_found(id))?;
+    st.lifecycle.notify(id, "registered", &n.state);
     Ok((StatusCode::CREATED, Json(view(&st, n).await?)))
 }
 
@@ -308,7 +309,17 @@ async fn delete_node(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let n = find(&st, &id).await?;
+    let macs: Vec<String> = st
+        .store
+        .interfaces(n.id)
+        .await?
+        .into_iter()
+        .map(|i| i.mac)
+        .collect();
     st.store.delete_node(n.id, "api").await?;
+    // If the machine netboots again it is discovered anew.
+    st.forget_macs(&macs);
+    st.lifecycle.notify(n.id, "deleted", &n.state);
     Ok(StatusCode::NO_CONTENT)
 }
 
