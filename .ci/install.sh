@@ -6,7 +6,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 PEERS_DIR=${PEERS_DIR:-/tmp/pxed-peers}
 
 pkgs=(iproute2 dnsmasq-base isc-dhcp-client dhcpcd-base udhcpc busybox-static
-      tftp-hpa atftp tftpd-hpa curl openipmi ipmitool kea-admin hyperfine
+      tftp-hpa atftp tftpd-hpa curl openipmi ipmitool kea-admin
       systemd python3-venv ca-certificates shellcheck cloud-init python3-jsonschema python3-yaml
       debconf openssl chromium qemu-system-x86 ovmf qemu-system-arm qemu-efi-aarch64 ipxe-qemu)
 missing=()

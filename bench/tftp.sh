@@ -2,12 +2,13 @@
 # TFTP throughput, pxed vs tftpd-hpa, in one run: seconds to fetch a 32 MiB file over
 # loopback at blksize 1468, with and without windowsize 16 (atftp), and with curl
 # (no windowsize support) and tftp-hpa (512-byte blocks only).
-# Needs: cargo, atftp, curl, tftp (tftp-hpa), /usr/sbin/in.tftpd (tftpd-hpa), hyperfine, python3.
+# Needs: cargo, atftp, curl, tftp (tftp-hpa), /usr/sbin/in.tftpd (tftpd-hpa), python3.
 # Usage: bench/tftp.sh [runs]   (default 5 runs per case after one warm-up)
+#        ONLY=curl bench/tftp.sh 10   (only the cases whose name contains ONLY)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-5}
-for t in atftp curl tftp hyperfine python3 /usr/sbin/in.tftpd; do
+for t in atftp curl tftp python3 /usr/sbin/in.tftpd; do
     command -v "$t" >/dev/null || { echo "missing: $t" >&2; exit 1; }
 done
 
@@ -44,34 +45,50 @@ for port in $P $Q; do
 done
 
 # Same bytes from both servers, and windowsize really negotiated where claimed.
-for port in $P $Q; do
+for srv in "pxed:$P" "tftpd-hpa:$Q"; do
+    name=${srv%%:*}; port=${srv##*:}
     atftp --option "blksize 1468" --option "windowsize 16" -g -r big32.bin -l "$tmp/out/check" 127.0.0.1 "$port" >/dev/null 2>&1
     cmp "$tmp/root/big32.bin" "$tmp/out/check"
     oack=$(atftp --trace --option "blksize 1468" --option "windowsize 16" --option "tsize 0" \
         -g -r ready -l "$tmp/out/r" 127.0.0.1 "$port" 2>&1 | grep -m1 OACK || true)
-    echo "port $port OACK: ${oack:-none}"
+    echo "$name answers blksize 1468, windowsize 16, tsize 0 with: ${oack:-no OACK}"
 done
 
-f=big32.bin; o=$tmp/out
-args=()
-for srv in "pxed:$P" "tftpd-hpa:$Q"; do
-    name=${srv%%:*}; port=${srv##*:}
-    args+=(-n "$name|atftp bs1468" "atftp --option 'blksize 1468' -g -r $f -l $o/a 127.0.0.1 $port")
-    args+=(-n "$name|atftp bs1468 ws16" "atftp --option 'blksize 1468' --option 'windowsize 16' -g -r $f -l $o/a 127.0.0.1 $port")
-    args+=(-n "$name|curl bs1468" "curl -s --tftp-blksize 1468 -o $o/c tftp://127.0.0.1:$port/$f")
-    args+=(-n "$name|tftp-hpa 512" "tftp -m binary 127.0.0.1 $port -c get $f $o/h")
-done
-hyperfine -N -w 1 -r "$RUNS" --export-json "$tmp/r.json" "${args[@]}" >"$tmp/hyperfine.txt"
+# Each run fetches with every case from pxed and from tftpd-hpa, alternating which
+# goes first, so drift in machine load lands on both servers alike; the ratio
+# column is the median of the per-run ratios.
+python3 - "$RUNS" "$P" "$Q" "$tmp/out" "${ONLY:-}" <<'EOF'
+import statistics, subprocess, sys, time
+runs, p, q, out, only = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+f = "big32.bin"
+cases = {
+    "atftp bs1468": lambda port: ["atftp", "--option", "blksize 1468", "-g", "-r", f, "-l", f"{out}/a", "127.0.0.1", port],
+    "atftp bs1468 ws16": lambda port: ["atftp", "--option", "blksize 1468", "--option", "windowsize 16", "-g", "-r", f, "-l", f"{out}/a", "127.0.0.1", port],
+    "curl bs1468": lambda port: ["curl", "-sS", "--tftp-blksize", "1468", "-o", f"{out}/c", f"tftp://127.0.0.1:{port}/{f}"],
+    "tftp-hpa 512": lambda port: ["tftp", "-m", "binary", "127.0.0.1", port, "-c", "get", f, f"{out}/h"],
+}
+cases = {k: v for k, v in cases.items() if only in k}
 
-python3 - "$tmp/r.json" <<'EOF'
-import json, sys
-rows = {}
-for r in json.load(open(sys.argv[1]))["results"]:
-    srv, case = r["command"].split("|")
-    rows.setdefault(case, {})[srv] = (r["mean"], r["stddev"] or 0.0)
-print(f"\n32 MiB over loopback, mean ± stddev seconds ({len(json.load(open(sys.argv[1]))['results'][0]['times'])} runs)")
+def timed(cmd):
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+times = {k: ([], []) for k in cases}
+for k, cmd in cases.items():  # warm-up
+    timed(cmd(p)); timed(cmd(q))
+for i in range(runs):
+    for k, cmd in cases.items():
+        order = [(0, p), (1, q)] if i % 2 == 0 else [(1, q), (0, p)]
+        for j, port in order:
+            times[k][j].append(timed(cmd(port)))
+
+def fmt(xs):
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):>11.3f} ± {sd:<4.3f}"
+print(f"\n32 MiB over loopback, mean ± stddev seconds ({runs} runs, interleaved)")
 print(f"{'client / options':<22}{'pxed':>18}{'tftpd-hpa':>18}{'pxed/hpa':>10}")
-for case, s in rows.items():
-    p, h = s["pxed"], s["tftpd-hpa"]
-    print(f"{case:<22}{p[0]:>11.3f} ± {p[1]:<4.3f}{h[0]:>11.3f} ± {h[1]:<4.3f}{p[0]/h[0]:>10.2f}")
+for k, (a, b) in times.items():
+    ratio = statistics.median(x / y for x, y in zip(a, b))
+    print(f"{k:<22}{fmt(a)}{fmt(b)}{ratio:>10.2f}")
 EOF

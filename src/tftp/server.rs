@@ -231,16 +231,66 @@ fn recv_pktinfo(
     Ok((msg.bytes, peer, dst))
 }
 
-/// Binds a transfer's socket: a fresh ephemeral port (the server's TID) on the
-/// address the client contacted.
-fn bind_transfer(local: IpAddr) -> io::Result<UdpSocket> {
-    let addr = SocketAddr::new(local, 0);
-    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+/// A transfer's two sockets, both on one fresh ephemeral port (the server's TID)
+/// on the address the client contacted.
+///
+/// `data` is connected to the client, as tftpd-hpa's transfer socket is: the kernel
+/// delivers only the client's packets to it and skips a route lookup per block, and
+/// if the client's port closes, the ICMP error ends the transfer at once instead of
+/// after every retry. Lock-step transfers (curl, BIOS PXE ROMs) measured 4–10%
+/// faster connected. `strays` is unconnected and gets everything else that reaches
+/// the port, so a stray sender can still be told ERROR 5 (RFC 1350 section 4);
+/// Linux hands a datagram to the socket whose binding matches it most closely.
+struct TransferSockets {
+    data: std::net::UdpSocket,
+    strays: UdpSocket,
+}
+
+fn bind_transfer(local: IpAddr, peer: SocketAddr) -> io::Result<TransferSockets> {
+    let any = SocketAddr::new(local, 0);
+    let new = || Socket::new(Domain::for_address(any), Type::DGRAM, Some(Protocol::UDP));
+    // Bound without SO_REUSEADDR, so the kernel picks a port no socket holds.
+    let strays = new()?;
+    strays.set_nonblocking(true)?;
+    strays.bind(&any.into())?;
+    let port = strays.local_addr()?;
+    // SO_REUSEADDR on both lets `data` join the port; cleared once it has, so no
+    // third socket can.
+    strays.set_reuse_address(true)?;
+    let data = new()?;
+    data.set_reuse_address(true)?;
     // A window of large blocks is sent back to back.
-    let _ = s.set_send_buffer_size(1 << 20);
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    UdpSocket::from_std(s.into())
+    let _ = data.set_send_buffer_size(1 << 20);
+    data.bind(&port)?;
+    data.connect(&peer.into())?;
+    strays.set_reuse_address(false)?;
+    data.set_reuse_address(false)?;
+    Ok(TransferSockets {
+        data: data.into(),
+        strays: UdpSocket::from_std(strays.into())?,
+    })
+}
+
+/// Answers whatever reaches a transfer's port from anyone but its client with ERROR
+/// 5, until the transfer ends (the caller drops this future). Returns only if the
+/// socket fails.
+async fn answer_strays(strays: &UdpSocket, stats: &TftpStats) {
+    let mut buf = [0u8; 64];
+    let mut out = Vec::new();
+    packet::encode_error(&mut out, ErrorCode::UnknownTid, "unknown transfer ID");
+    loop {
+        match strays.recv_from(&mut buf).await {
+            Ok((_, from)) => {
+                stats.unknown_tid.inc();
+                let _ = strays.send_to(&out, from).await;
+            }
+            Err(e) if transient(&e) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "TFTP stray-sender socket failed");
+                return;
+            }
+        }
+    }
 }
 
 /// What a transfer reads from.
@@ -341,10 +391,27 @@ fn to_netascii(raw: &[u8]) -> Vec<u8> {
 #[derive(Debug)]
 enum End {
     Completed,
-    ClientError { code: u16, message: String },
+    ClientError {
+        code: u16,
+        message: String,
+    },
+    /// The client's port is closed (an ICMP port unreachable came back).
+    ClientGone,
     TimedOut,
     Cancelled,
     Io(io::Error),
+}
+
+impl End {
+    /// A failed send: on a connected socket, ECONNREFUSED reports an ICMP port
+    /// unreachable for an earlier packet.
+    fn from_send(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::ConnectionRefused {
+            End::ClientGone
+        } else {
+            End::Io(e)
+        }
+    }
 }
 
 async fn transfer(
@@ -356,7 +423,7 @@ async fn transfer(
 ) {
     let stats = &ctx.stats;
     let name = String::from_utf8_lossy(&req.filename).into_owned();
-    let sock = match bind_transfer(local) {
+    let TransferSockets { data, strays } = match bind_transfer(local, peer) {
         Ok(s) => s,
         Err(e) => {
             stats.failed.inc();
@@ -379,7 +446,7 @@ async fn transfer(
             tracing::info!(%peer, file = %name, reason = f.message, "TFTP request refused");
             let mut out = Vec::new();
             packet::encode_error(&mut out, f.code, f.message);
-            let _ = sock.send_to(&out, peer).await;
+            let _ = strays.send_to(&out, peer).await;
             return;
         }
         Err(e) => {
@@ -400,23 +467,16 @@ async fn transfer(
     // (window 1: BIOS PXE ROMs, curl) every block waits for an ACK, and a blocking
     // recv wakes the thread directly, while an async wait costs a wake-up of another
     // worker thread per block: about 8% of throughput against tftpd-hpa.
-    let sock = match sock.into_std().and_then(|s| {
-        s.set_nonblocking(false)?;
-        s.set_read_timeout(Some(SLICE.min(neg.timeout)))?;
-        Ok(s)
-    }) {
-        Ok(s) => s,
-        Err(e) => {
-            stats.failed.inc();
-            tracing::warn!(%peer, file = %name, error = %e, "preparing a TFTP transfer socket");
-            return;
-        }
-    };
+    if let Err(e) = data.set_read_timeout(Some(SLICE.min(neg.timeout))) {
+        stats.failed.inc();
+        tracing::warn!(%peer, file = %name, error = %e, "preparing a TFTP transfer socket");
+        return;
+    }
     let stats = ctx.stats.clone();
     let retries = ctx.settings.retries;
-    let joined = tokio::task::spawn_blocking(move || {
+    let mut job = tokio::task::spawn_blocking(move || {
         let mut t = Transfer {
-            sock,
+            sock: data,
             peer,
             stats: &stats,
             rbuf: vec![0u8; 1024],
@@ -426,8 +486,11 @@ async fn transfer(
         };
         let end = t.run(&source, &neg);
         t.finish(end, &name, size);
-    })
-    .await;
+    });
+    let joined = tokio::select! {
+        j = &mut job => j,
+        () = answer_strays(&strays, &ctx.stats) => job.await,
+    };
     if let Err(e) = joined {
         ctx.stats.failed.inc();
         tracing::warn!(%peer, error = %e, "TFTP transfer thread failed");
@@ -446,7 +509,7 @@ enum Wait {
 
 /// One transfer's data phase, run on a blocking thread.
 struct Transfer<'a> {
-    /// Blocking, with a read timeout of `slice`.
+    /// Connected to the client; blocking, with a read timeout of `slice`.
     sock: std::net::UdpSocket,
     peer: SocketAddr,
     stats: &'a TftpStats,
@@ -470,6 +533,10 @@ impl Transfer<'_> {
                 stats.client_aborts.inc();
                 tracing::info!(%peer, file = %name, code, %message, "TFTP transfer ended by the client");
             }
+            End::ClientGone => {
+                stats.client_aborts.inc();
+                tracing::info!(%peer, file = %name, "TFTP client went away (port unreachable)");
+            }
             End::TimedOut => {
                 stats.failed.inc();
                 tracing::warn!(%peer, file = %name, retries = self.retries, "TFTP transfer timed out");
@@ -490,7 +557,7 @@ impl Transfer<'_> {
     fn send_error(&self, code: ErrorCode, message: &str) {
         let mut out = Vec::new();
         packet::encode_error(&mut out, code, message);
-        let _ = self.sock.send_to(&out, self.peer);
+        let _ = self.sock.send(&out);
     }
 
     fn run(&mut self, source: &Source, neg: &super::Negotiated) -> End {
@@ -499,8 +566,8 @@ impl Transfer<'_> {
             let mut oack = Vec::new();
             packet::encode_oack(&mut oack, &neg.oack);
             'oack: loop {
-                if let Err(e) = self.sock.send_to(&oack, self.peer) {
-                    return End::Io(e);
+                if let Err(e) = self.sock.send(&oack) {
+                    return End::from_send(e);
                 }
                 let deadline = std::time::Instant::now() + neg.timeout;
                 loop {
@@ -538,8 +605,8 @@ impl Transfer<'_> {
                     Err(e) => return End::Io(e),
                 };
                 packet::put_data_header(&mut pkt, block as u16);
-                if let Err(e) = self.sock.send_to(&pkt[..4 + n], self.peer) {
-                    return End::Io(e);
+                if let Err(e) = self.sock.send(&pkt[..4 + n]) {
+                    return End::from_send(e);
                 }
                 self.stats.bytes_sent.add(n as u64);
                 sent = block;
@@ -582,8 +649,8 @@ impl Transfer<'_> {
         }
     }
 
-    /// Waits for the client's next ACK or ERROR until `deadline`, answering
-    /// strangers with ERROR 5 and ignoring anything else. Looks at the cancellation
+    /// Waits for the client's next ACK or ERROR until `deadline`, ignoring anything
+    /// else. Looks at the cancellation
     /// token at least every `SLICE`.
     fn wait(&mut self, deadline: std::time::Instant) -> Wait {
         loop {
@@ -603,18 +670,14 @@ impl Transfer<'_> {
                 }
                 self.slice = want;
             }
-            let (n, from) = match self.sock.recv_from(&mut self.rbuf) {
-                Ok(r) => r,
+            let n = match self.sock.recv(&mut self.rbuf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Wait::End(End::ClientGone);
+                }
                 Err(e) if transient(&e) || e.kind() == io::ErrorKind::TimedOut => continue,
                 Err(e) => return Wait::End(End::Io(e)),
             };
-            if from != self.peer {
-                self.stats.unknown_tid.inc();
-                let mut out = Vec::new();
-                packet::encode_error(&mut out, ErrorCode::UnknownTid, "unknown transfer ID");
-                let _ = self.sock.send_to(&out, from);
-                continue;
-            }
             match packet::parse_client(&self.rbuf[..n]) {
                 ClientPacket::Ack(b) => return Wait::Ack(b),
                 ClientPacket::Error { code, message } => {

@@ -594,6 +594,30 @@ async fn a_silent_client_gets_retries_plus_one_copies() {
 }
 
 #[tokio::test]
+async fn a_client_whose_port_closed_ends_the_transfer_at_once() {
+    // With 20 retries a silent client holds its slot for 20 timeouts (4 s); a
+    // client whose port is closed answers the first resend with ICMP port
+    // unreachable, and that ends the transfer.
+    let t = Tftp::start(settings(20, 8)).await;
+    t.random_file("f", 5000);
+    let c = Raw::new().await;
+    c.rrq(t.addr, "f", &[]).await;
+    let (p, _) = c.expect("DATA 1").await;
+    assert_data(&p, 1);
+    let started = Instant::now();
+    drop(c);
+    t.idle().await;
+    assert!(
+        started.elapsed() < TIMEOUT * 10,
+        "transfer lingered {:?} after the client went away",
+        started.elapsed()
+    );
+    assert_eq!(t.stats.client_aborts.get(), 1);
+    assert_eq!(t.stats.failed.get(), 0);
+    assert_eq!(t.stats.retransmits.get(), 1);
+}
+
+#[tokio::test]
 async fn window_resumes_after_a_partial_ack() {
     let t = Tftp::start(settings(3, 8)).await;
     let data = t.random_file("f", 100 * 10 + 5);
