@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{poll, poll_blocking};
 use pxed::bmc::{
     self, BmcEndpoint, BmcError, BootMode, BootTarget, CallPolicy, Credentials, Driver, NextBoot,
     OverrideEnabled, PowerState, Secret, TlsPolicy,
@@ -53,17 +54,13 @@ fn free_udp_port() -> u16 {
 }
 
 fn wait_tcp(port: u16, what: &str, log: &Path) {
-    let end = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < end {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::park_timeout(Duration::from_millis(100));
+    let listening = || std::net::TcpStream::connect(("127.0.0.1", port)).ok();
+    if poll_blocking(Duration::from_secs(30), listening).is_none() {
+        panic!(
+            "{what} did not listen on {port}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
     }
-    panic!(
-        "{what} did not listen on {port}: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
 }
 
 struct Proc(Child);
@@ -328,14 +325,16 @@ set_working_mc 0x20
     /// Waits until the simulator answers a session (it takes a moment to bind).
     pub(crate) async fn ready(&self) {
         let ep = self.endpoint(PASSWORD, fault_policy());
-        let end = Instant::now() + Duration::from_secs(15);
-        loop {
-            let b = bmc::connect(&ep).unwrap();
-            match b.power_state().await {
-                Ok(_) => return,
-                Err(e) if Instant::now() > end => panic!("ipmi_sim never answered: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        let mut last = None;
+        let answered = async || match bmc::connect(&ep).unwrap().power_state().await {
+            Ok(_) => Some(()),
+            Err(e) => {
+                last = Some(e);
+                None
             }
+        };
+        if poll(Duration::from_secs(15), answered).await.is_none() {
+            panic!("ipmi_sim never answered: {last:?}");
         }
     }
 }

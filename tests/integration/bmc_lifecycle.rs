@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::bmc::{FaultProxy, IpmiSim, NODE1, NODE2, PASSWORD, Sushy};
-use crate::common::{Daemon, pxed_bin, repo, run, write_file};
+use crate::common::{Daemon, poll, pxed_bin, repo, run, write_file};
 
 const TOKEN: &str = "bmc-lifecycle-token";
 /// The `reclaiming` deadline every test runs with; each fault must end before it.
@@ -124,17 +124,15 @@ impl Lab {
 
     /// Polls until the node leaves `reclaiming`; returns it and the time since `since`.
     async fn settled(&self, id: i64, since: Instant, timeout: Duration) -> (Value, Duration) {
-        loop {
-            let n: Value = serde_json::from_str(&self.node_text(id).await).unwrap();
-            if n["state"] != "reclaiming" {
-                return (n, since.elapsed());
-            }
-            assert!(
-                since.elapsed() < timeout,
-                "node {id} still reclaiming after {timeout:?}: {n:#}\n{}",
+        let node = async || serde_json::from_str::<Value>(&self.node_text(id).await).unwrap();
+        let left = async || Some(node().await).filter(|n| n["state"] != "reclaiming");
+        match poll(timeout.saturating_sub(since.elapsed()), left).await {
+            Some(n) => (n, since.elapsed()),
+            None => panic!(
+                "node {id} still reclaiming after {timeout:?}: {:#}\n{}",
+                node().await,
                 self.d.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            ),
         }
     }
 

@@ -18,15 +18,49 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Polls `f` until it returns Some or the deadline passes.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+/// Polls `f` every 20 ms, blocking the thread, until it returns `Some`; `None` once
+/// `timeout` has passed.
+pub fn poll_blocking<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        if start.elapsed() >= timeout {
+            return None;
+        }
         std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
+
+/// [`poll_blocking`], failing the test with `what` on timeout.
+pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    match poll_blocking(timeout, f) {
+        Some(v) => v,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Polls `f` every 10 ms until it returns `Some`; `None` once `timeout` has passed.
+/// On tokio's clock, so a test with paused time advances through it.
+pub async fn poll<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= end {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// [`poll`], failing the test with `what` on timeout.
+pub async fn until<T>(what: &str, timeout: Duration, f: impl AsyncFnMut() -> Option<T>) -> T {
+    match poll(timeout, f).await {
+        Some(v) => v,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
     }
 }
 

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 use crate::bmc::{NODE1, NODE2, PASSWORD, Sushy};
-use crate::common::{Daemon, pxed_bin, repo, run, wait_for, write_file};
+use crate::common::{Daemon, poll, pxed_bin, repo, run, wait_for, write_file};
 
 const TOKEN: &str = "crash-token";
 
@@ -46,18 +46,14 @@ impl Api {
     }
 
     async fn wait_state(&self, d: &Daemon, id: i64, state: &str, timeout: Duration) -> Value {
-        let start = std::time::Instant::now();
-        loop {
-            let n = self.node(d, id).await;
-            if n["state"] == state {
-                return n;
-            }
-            assert!(
-                start.elapsed() < timeout,
-                "node {id} never reached {state}: {n:#}\n{}",
+        let reached = async || Some(self.node(d, id).await).filter(|n| n["state"] == state);
+        match poll(timeout, reached).await {
+            Some(n) => n,
+            None => panic!(
+                "node {id} never reached {state}: {:#}\n{}",
+                self.node(d, id).await,
                 d.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            ),
         }
     }
 }

@@ -16,6 +16,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::common::until;
 use super::netns::{Lan, Netns};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/udhcpc-env.sh");
@@ -86,25 +87,6 @@ impl Server {
             .unwrap()
             .into_iter()
             .find(|l| l.mac == mac)
-    }
-}
-
-/// Polls `f` until it returns `Some` or the deadline passes.
-async fn until<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out waiting for {what}"
-        );
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -470,7 +452,7 @@ async fn proxy_mode_gives_boot_info_and_no_address() {
         "255.255.255.255:67",
     )
     .await;
-    until("the plain DISCOVER to be ignored", || async {
+    until("the plain DISCOVER to be ignored", DEADLINE, async || {
         (srv.stats.ignored.get() >= 1).then_some(())
     })
     .await;
@@ -615,7 +597,7 @@ async fn malformed_flood_then_a_normal_lease() {
             peer.sock.send_to(&p, "10.77.0.1:67").await.unwrap();
             sent += 1;
         }
-        until("the flood to be received", || async {
+        until("the flood to be received", DEADLINE, async || {
             (srv.stats.received.get() >= sent).then_some(())
         })
         .await;
@@ -687,7 +669,7 @@ async fn reservation_decline_and_release() {
         .opts_mut()
         .insert(DhcpOption::RequestedIpAddress(first));
     peer.send(&decline, "255.255.255.255:67").await;
-    let row = until("the decline to be stored", || async {
+    let row = until("the decline to be stored", DEADLINE, async || {
         leases::load(&srv.store.pool, 0)
             .await
             .unwrap()
@@ -704,7 +686,7 @@ async fn reservation_decline_and_release() {
     release.set_ciaddr(second);
     release.opts_mut().insert(sid);
     peer.send(&release, "10.77.0.1:67").await;
-    until("the release to be stored", || async {
+    until("the release to be stored", DEADLINE, async || {
         let rows = leases::load(&srv.store.pool, 0).await.unwrap();
         (!rows.iter().any(|l| l.ip == second)).then_some(())
     })

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::common::{pxed_bin, repo};
+use super::common::{poll_blocking, pxed_bin, repo};
 use super::netns::Lan;
 
 const TOKEN: &str = "qemu-boot-test-token";
@@ -48,19 +48,6 @@ fn reap(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Polls `f` every 100 ms until it returns Some or `deadline` passes.
-fn poll<T>(deadline: Instant, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
-}
-
 /// Serial console text made readable: ANSI escapes, carriage returns, backspaced
 /// characters and blank lines removed.
 fn readable(raw: &[u8]) -> String {
@@ -86,11 +73,17 @@ fn readable(raw: &[u8]) -> String {
             c => out.push(c),
         }
     }
-    out.lines()
+    let mut lines = out
+        .lines()
         .map(str::trim_end)
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    // Keep the mark of a finished last line.
+    if out.ends_with('\n') {
+        lines.push('\n');
+    }
+    lines
 }
 
 fn tail(text: &str, lines: usize) -> String {
@@ -209,7 +202,7 @@ impl Appliance {
             _ra: ra,
             lan,
         };
-        let up = poll(Instant::now() + Duration::from_secs(20), || {
+        let up = poll_blocking(Duration::from_secs(20), || {
             if let Ok(Some(st)) = app.child.try_wait() {
                 panic!("pxed exited early ({st}):\n{}", app.log());
             }
@@ -272,7 +265,7 @@ impl Drop for Appliance {
     fn drop(&mut self) {
         // SAFETY: signalling our own child; SIGTERM lets pxed close SQLite cleanly.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let gone = poll(Instant::now() + Duration::from_secs(5), || {
+        let gone = poll_blocking(Duration::from_secs(5), || {
             self.child.try_wait().ok().flatten()
         });
         if gone.is_none() {
@@ -427,17 +420,19 @@ impl Guest {
         readable(&std::fs::read(&self.serial).unwrap_or_default())
     }
 
-    /// Waits until the console shows `needle`; returns the console and the time
+    /// Waits until the console shows a whole line with `needle`; returns the console and the time
     /// since power-on. Panics (console shown by Drop) if QEMU exits or the deadline passes.
     fn wait_for(&mut self, needle: &str) -> (String, Duration) {
         let deadline = self.started + DEADLINE;
-        let found = poll(deadline, || {
+        let found = poll_blocking(deadline.saturating_duration_since(Instant::now()), || {
             if let Ok(Some(st)) = self.child.try_wait() {
                 let qlog = std::fs::read_to_string(&self.qemu_log).unwrap_or_default();
                 panic!("QEMU exited ({st}) before {needle:?}: {qlog}");
             }
+            // The whole line: the console may be read mid-write.
             let c = self.console();
-            c.contains(needle).then_some(c)
+            let done = c.find(needle).is_some_and(|i| c[i..].contains('\n'));
+            done.then_some(c)
         });
         let console = found
             .unwrap_or_else(|| panic!("no {needle:?} on the serial console within {DEADLINE:?}"));
@@ -501,7 +496,7 @@ fn ovmf_pxe_reaches_the_script_via_tftp_and_http() {
         tail(&console, 60)
     );
     // EDK2 asks for tsize first and aborts (error 8); that transfer must not linger.
-    let done = poll(Instant::now() + Duration::from_secs(5), || {
+    let done = poll_blocking(Duration::from_secs(5), || {
         (app.metric("pxed_tftp_active_transfers") == Some(0.0)).then_some(())
     });
     assert!(
@@ -535,7 +530,7 @@ fn aavmf_arm64_pxe_reaches_the_script() {
         "{}",
         tail(&console, 60)
     );
-    let done = poll(Instant::now() + Duration::from_secs(5), || {
+    let done = poll_blocking(Duration::from_secs(5), || {
         (app.metric("pxed_tftp_active_transfers") == Some(0.0)).then_some(())
     });
     assert!(done.is_some(), "a TFTP transfer is still active");

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::poll;
 use pxed::config::TftpSettings;
 use pxed::metrics::Render;
 use pxed::tftp::{TftpError, TftpStats, serve};
@@ -80,14 +81,9 @@ impl Tftp {
 
     /// Polls until no transfer is in flight.
     async fn idle(&self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.stats.active.get() != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "transfers still active: {}",
-                self.stats.active.get()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let idle = async || (self.stats.active.get() == 0).then_some(());
+        if poll(Duration::from_secs(5), idle).await.is_none() {
+            panic!("transfers still active: {}", self.stats.active.get());
         }
     }
 
@@ -528,14 +524,9 @@ async fn malformed_flood_does_not_stop_the_listener() {
 
 /// Polls until `n` malformed packets were counted.
 async fn dropped(t: &Tftp, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while t.stats.malformed_dropped.get() < n {
-        assert!(
-            Instant::now() < deadline,
-            "malformed: {} of {n}",
-            t.stats.malformed_dropped.get()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let counted = async || (t.stats.malformed_dropped.get() >= n).then_some(());
+    if poll(Duration::from_secs(5), counted).await.is_none() {
+        panic!("malformed: {} of {n}", t.stats.malformed_dropped.get());
     }
 }
 
