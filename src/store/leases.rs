@@ -1,6 +1,7 @@
 //! DHCP lease and reservation persistence. The DHCP server keeps its table in
 //! memory; this module loads it at start and writes changes in batches.
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use super::StoreError;
@@ -56,38 +57,101 @@ pub async fn load(pool: &sqlx::SqlitePool, now: i64) -> Result<Vec<LeaseRow>, St
         .collect())
 }
 
-/// Writes a batch in one transaction: durable when this returns `Ok`.
+/// Writes a batch atomically: durable when this returns `Ok`.
+///
+/// Writes apply in order; only the last one per address matters, so the batch is
+/// reduced to one write per address, after which deletes and upserts touch
+/// different rows and commute. Each kind is then one statement over a JSON array
+/// (`json_each`), not one statement per lease: sqlx runs SQLite on a worker thread,
+/// and every statement is a round trip to it, which at thousands of leases a second
+/// cost more than the commit itself. A batch of one kind is a single statement and
+/// so its own transaction.
 pub async fn commit(pool: &sqlx::SqlitePool, writes: &[LeaseWrite]) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut last: HashMap<Ipv4Addr, &LeaseWrite> = HashMap::with_capacity(writes.len());
     for w in writes {
+        let ip = match w {
+            LeaseWrite::Upsert(l) => l.ip,
+            LeaseWrite::Delete(ip) => *ip,
+        };
+        last.insert(ip, w);
+    }
+    let mut upserts = Vec::new();
+    let mut deletes = Vec::new();
+    for (ip, w) in last {
         match w {
-            LeaseWrite::Upsert(l) => {
-                let ip = l.ip.to_string();
-                sqlx::query!(
-                    r#"INSERT INTO leases (ip, mac, client_id, hostname, state, expires_at)
-                       VALUES (?, ?, ?, ?, ?, ?)
-                       ON CONFLICT (ip) DO UPDATE SET mac = excluded.mac,
-                           client_id = excluded.client_id, hostname = excluded.hostname,
-                           state = excluded.state, expires_at = excluded.expires_at"#,
-                    ip,
-                    l.mac,
-                    l.client_id,
-                    l.hostname,
-                    l.state,
-                    l.expires_at
-                )
-                .execute(&mut *tx)
-                .await?;
-            }
-            LeaseWrite::Delete(ip) => {
-                let ip = ip.to_string();
-                sqlx::query!("DELETE FROM leases WHERE ip = ?", ip)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            LeaseWrite::Upsert(l) => upserts.push(JsonLease {
+                ip: ip.to_string(),
+                mac: &l.mac,
+                client_id: l.client_id.as_deref(),
+                hostname: l.hostname.as_deref(),
+                state: &l.state,
+                expires_at: l.expires_at,
+            }),
+            LeaseWrite::Delete(_) => deletes.push(ip.to_string()),
         }
     }
-    tx.commit().await?;
+    let upserts = (!upserts.is_empty()).then(|| json(&upserts));
+    let deletes = (!deletes.is_empty()).then(|| json(&deletes));
+    match (upserts, deletes) {
+        (None, None) => {}
+        (Some(u), None) => upsert_json(pool, &u).await?,
+        (None, Some(d)) => delete_json(pool, &d).await?,
+        (Some(u), Some(d)) => {
+            let mut tx = pool.begin().await?;
+            delete_json(&mut *tx, &d).await?;
+            upsert_json(&mut *tx, &u).await?;
+            tx.commit().await?;
+        }
+    }
+    Ok(())
+}
+
+/// A lease as one element of the JSON array `upsert_json` reads.
+#[derive(serde::Serialize)]
+struct JsonLease<'a> {
+    ip: String,
+    mac: &'a str,
+    client_id: Option<&'a str>,
+    hostname: Option<&'a str>,
+    state: &'a str,
+    expires_at: i64,
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    // Strings, integers and options only: serialization cannot fail.
+    serde_json::to_string(v).expect("lease batch serializes")
+}
+
+async fn upsert_json<'c>(
+    db: impl sqlx::Executor<'c, Database = sqlx::Sqlite>,
+    rows: &str,
+) -> Result<(), StoreError> {
+    // `WHERE true`: without it SQLite would parse ON CONFLICT as part of the SELECT.
+    sqlx::query!(
+        r#"INSERT INTO leases (ip, mac, client_id, hostname, state, expires_at)
+           SELECT value ->> '$.ip', value ->> '$.mac', value ->> '$.client_id',
+                  value ->> '$.hostname', value ->> '$.state', value ->> '$.expires_at'
+           FROM json_each(?) WHERE true
+           ON CONFLICT (ip) DO UPDATE SET mac = excluded.mac,
+               client_id = excluded.client_id, hostname = excluded.hostname,
+               state = excluded.state, expires_at = excluded.expires_at"#,
+        rows
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+async fn delete_json<'c>(
+    db: impl sqlx::Executor<'c, Database = sqlx::Sqlite>,
+    ips: &str,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "DELETE FROM leases WHERE ip IN (SELECT value FROM json_each(?))",
+        ips
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 
@@ -177,6 +241,47 @@ mod tests {
         assert_eq!(purge_expired(&s.pool, 60).await.unwrap(), 1);
         commit(&s.pool, &[LeaseWrite::Delete(a.ip)]).await.unwrap();
         assert!(load(&s.pool, 0).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_batch_applies_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).await.unwrap();
+        let a = row("10.0.0.10", "52:54:00:00:00:01", 100);
+        let mut b = row("10.0.0.11", "52:54:00:00:00:02", 100);
+        b.client_id = None;
+        b.hostname = Some("node-b".into());
+        let c = row("10.0.0.12", "52:54:00:00:00:03", 100);
+        commit(&s.pool, &[LeaseWrite::Upsert(c.clone())])
+            .await
+            .unwrap();
+        let mut a2 = a.clone();
+        a2.state = "declined".into();
+        // a: bound then declined; b: released then bound again; c: released.
+        commit(
+            &s.pool,
+            &[
+                LeaseWrite::Upsert(a.clone()),
+                LeaseWrite::Delete(b.ip),
+                LeaseWrite::Upsert(b.clone()),
+                LeaseWrite::Delete(c.ip),
+                LeaseWrite::Upsert(a2.clone()),
+            ],
+        )
+        .await
+        .unwrap();
+        let mut got = load(&s.pool, 0).await.unwrap();
+        got.sort_by_key(|l| l.ip);
+        assert_eq!(got, vec![a2, b.clone()]);
+        // Bound, then released in the same batch: gone.
+        commit(
+            &s.pool,
+            &[LeaseWrite::Upsert(c.clone()), LeaseWrite::Delete(c.ip)],
+        )
+        .await
+        .unwrap();
+        commit(&s.pool, &[]).await.unwrap();
+        assert_eq!(load(&s.pool, 0).await.unwrap().len(), 2);
     }
 
     #[tokio::test]
