@@ -7,13 +7,18 @@
 #
 # For each server the offered rate steps up; the figure reported is the highest
 # achieved rate (4-way DORA exchanges/s) whose drop ratio stayed at or below 1%.
+# Leases accumulate over the ladder (perfdhcp draws clients from RANGE MACs), as they
+# do on a real network; dnsmasq's rate falls as its lease list grows, pxed's does not.
 #
 # Usage: bench/dhcp.sh [rates...]   (root; builds pxed in release mode)
 # Env:   PERIOD=seconds per step (default 10), RANGE=distinct clients (default 50000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATES=("$@")
-[ ${#RATES[@]} -gt 0 ] || RATES=(500 1000 1500 2000 3000 4000 5000 6000 7000 8000 10000 12000)
+# Fine steps near dnsmasq's limit (a coarse ladder would report its last step below
+# the limit, not the limit), coarser ones up to pxed's.
+[ ${#RATES[@]} -gt 0 ] || RATES=(600 800 1000 1100 1200 1300 1400 1500 1600 1700 1800 2000
+                                 4000 6000 8000 8500 9000 9500 10000 10500 11000 12000)
 PERIOD=${PERIOD:-10}
 RANGE=${RANGE:-50000}
 for tool in /usr/sbin/perfdhcp dnsmasq ip; do
