@@ -181,8 +181,12 @@ struct Raw {
 
 impl Raw {
     async fn new() -> Self {
+        Self::new_on("127.0.0.1:0").await
+    }
+
+    async fn new_on(addr: &str) -> Self {
         Raw {
-            sock: UdpSocket::bind("127.0.0.1:0").await.unwrap(),
+            sock: UdpSocket::bind(addr).await.unwrap(),
         }
     }
 
@@ -687,6 +691,32 @@ async fn cancel_ends_listener_and_transfers() {
         assert_data(&p, 1);
     }
     assert_eq!(t.stats.active.get(), 0);
+}
+
+#[tokio::test]
+async fn ipv6_transfers_and_strays() {
+    let t = Tftp::start_on("[::1]:0", settings(3, 8)).await;
+    let data = t.random_file("f", 3000);
+    let out = tempfile::tempdir().unwrap();
+    let got = out.path().join("f");
+    let url = format!("tftp://[::1]:{}/f", t.port());
+    let r = run("curl", &["-sS", "-o", got.to_str().unwrap(), &url]).await;
+    assert!(r.status.success(), "curl {url}: {r:?}");
+    same(&got, &data, "curl over IPv6");
+    // The stray-sender socket works over IPv6 too.
+    let c = Raw::new_on("[::1]:0").await;
+    c.rrq(t.addr, "f", &[]).await;
+    let (p, tid) = c.expect("DATA 1").await;
+    assert_data(&p, 1);
+    let stranger = Raw::new_on("[::1]:0").await;
+    stranger.ack(tid, 1).await;
+    let (e, from) = stranger.expect("ERROR 5").await;
+    assert_error(&e, 5);
+    assert_eq!(from, tid);
+    drop(c);
+    t.idle().await;
+    assert_eq!(t.stats.completed.get(), 1);
+    assert_eq!(t.stats.unknown_tid.get(), 1);
 }
 
 #[tokio::test]
