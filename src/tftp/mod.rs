@@ -46,7 +46,8 @@ pub struct TftpStats {
     pub completed: Counter,
     /// Transfers that timed out, hit an I/O error or were cut by shutdown.
     pub failed: Counter,
-    /// Transfers the client ended with an ERROR packet (e.g. UEFI's tsize probe).
+    /// Transfers the client ended: an ERROR packet (e.g. after UEFI's tsize probe) or
+    /// a closed port (ICMP port unreachable).
     pub client_aborts: Counter,
     /// Requests refused: path traversal, not found, WRQ, unsupported mode.
     pub refused: Counter,
@@ -91,7 +92,7 @@ impl Render for TftpStats {
         c(
             out,
             "client_aborts",
-            "TFTP transfers ended by a client ERROR.",
+            "TFTP transfers ended by the client (an ERROR, or its port closed).",
             &self.client_aborts,
         );
         c(
