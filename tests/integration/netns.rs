@@ -40,6 +40,8 @@ pub struct Netns {
 impl Netns {
     /// Creates `pxt-<tag>-<pid>-<n>` with loopback up.
     pub fn new(tag: &str) -> Netns {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_stale);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("pxt-{tag}-{}-{n}", std::process::id());
         run(Command::new("ip").args(["netns", "add", &name]));
@@ -99,11 +101,47 @@ impl Netns {
     }
 }
 
+/// Deletes namespace `name`, retrying: `ip netns del` can fail with EBUSY while
+/// another test's `ip netns add` or `exec` is copying the mount table.
+fn delete(name: &str) -> Result<(), String> {
+    let mut err = String::new();
+    for _ in 0..10 {
+        match Command::new("ip").args(["netns", "del", name]).output() {
+            Ok(o) if o.status.success() => return Ok(()),
+            Ok(o) => err = String::from_utf8_lossy(&o.stderr).into_owned(),
+            Err(e) => err = e.to_string(),
+        }
+        std::thread::park_timeout(std::time::Duration::from_millis(50));
+    }
+    Err(err)
+}
+
+/// Deletes `pxt-*` namespaces left by test processes that no longer run (killed
+/// runs, or a delete that failed).
+fn sweep_stale() {
+    let Ok(dir) = std::fs::read_dir("/var/run/netns") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplit('-');
+        let (Some(_), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let gone = pid
+            .parse::<u32>()
+            .is_ok_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+        if name.starts_with("pxt-") && gone {
+            let _ = delete(&name);
+        }
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        if let Err(e) = delete(&self.name) {
+            eprintln!("netns {} not deleted: {e}", self.name);
+        }
     }
 }
 
