@@ -237,8 +237,8 @@ fn recv_pktinfo(
 /// `data` is connected to the client, as tftpd-hpa's transfer socket is: the kernel
 /// delivers only the client's packets to it and skips a route lookup per block, and
 /// if the client's port closes, the ICMP error ends the transfer at once instead of
-/// after every retry. Lock-step transfers (curl, BIOS PXE ROMs) measured 4–10%
-/// faster connected. `strays` is unconnected and gets everything else that reaches
+/// after every retry. Lock-step transfers (curl, BIOS PXE ROMs) measured about 3–5%
+/// faster connected (`bench/tftp.sh`). `strays` is unconnected and gets everything else that reaches
 /// the port, so a stray sender can still be told ERROR 5 (RFC 1350 section 4);
 /// Linux hands a datagram to the socket whose binding matches it most closely.
 struct TransferSockets {
@@ -650,8 +650,7 @@ impl Transfer<'_> {
     }
 
     /// Waits for the client's next ACK or ERROR until `deadline`, ignoring anything
-    /// else. Looks at the cancellation
-    /// token at least every `SLICE`.
+    /// else. Looks at the cancellation token at least every `SLICE`.
     fn wait(&mut self, deadline: std::time::Instant) -> Wait {
         loop {
             if self.cancel.is_cancelled() {
