@@ -15,22 +15,10 @@ cd "$(dirname "$0")/.."
 N=${1:-100}
 P=${PEERS_DIR:-/tmp/pxed-peers}
 V=$P/venv/bin
-for t in curl python3 "$V/python3" "$V/sushy-emulator"; do
-    command -v "$t" >/dev/null || { echo "missing: $t (run .ci/install.sh)" >&2; exit 1; }
-done
-
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+need curl python3 "$V/python3" "$V/sushy-emulator"
 cargo build --release --quiet
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-free_tcp() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-free_udp() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 S=$(free_tcp); H=$(free_tcp); T=$(free_udp)
 PASSWORD=bench-$RANDOM-Pa55
 TOKEN=bench-token-$RANDOM

@@ -8,23 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-5}
-for t in atftp curl tftp python3 /usr/sbin/in.tftpd; do
-    command -v "$t" >/dev/null || { echo "missing: $t" >&2; exit 1; }
-done
-
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+need atftp curl tftp python3 /usr/sbin/in.tftpd
 cargo build --release --quiet
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-free_tcp() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-P=$(free_port); Q=$(free_port); H=$(free_tcp)
+P=$(free_udp); Q=$(free_udp); H=$(free_tcp)
 
 mkdir -p "$tmp/root" "$tmp/data" "$tmp/out"
 head -c 32M /dev/urandom > "$tmp/root/big32.bin"
