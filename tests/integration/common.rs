@@ -41,19 +41,25 @@ pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) 
     }
 }
 
-/// Polls `f` every 10 ms until it returns `Some`; `None` once `timeout` has passed.
-/// On tokio's clock, so a test with paused time advances through it.
+/// Polls `f` every 10 ms until it returns `Some`; `None` once `timeout` has passed
+/// and `f` has had as many tries as `timeout` holds intervals. The second bound is
+/// for tests on tokio's paused clock: there virtual time jumps to the next timer
+/// (a 60 s deadline, a client's idle timer) whenever the runtime waits, even for a
+/// reply from SQLite's thread, so time alone would run out after a few tries.
 pub async fn poll<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    const EVERY: Duration = Duration::from_millis(10);
+    let tries = timeout.as_millis() / EVERY.as_millis();
     let end = tokio::time::Instant::now() + timeout;
-    loop {
+    for n in 1.. {
         if let Some(v) = f().await {
             return Some(v);
         }
-        if tokio::time::Instant::now() >= end {
-            return None;
+        if n >= tries && tokio::time::Instant::now() >= end {
+            break;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(EVERY).await;
     }
+    None
 }
 
 /// [`poll`], failing the test with `what` on timeout.

@@ -17,6 +17,8 @@ use pxed::images::{Arch, ImportedArch, ImportedFile, ImportedImage};
 use pxed::lifecycle::worker::{BmcConnector, ConnectError};
 use pxed::store::Store;
 use serde_json::{Value, json};
+
+use crate::common::poll;
 use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "test-api-token";
@@ -277,19 +279,13 @@ impl Harness {
         v
     }
 
-    /// Polls the node until it is in `state`. Bounded by attempts, not time: under
-    /// the paused clock tokio jumps virtual time to the next timer (a 60 s deadline,
-    /// a client's idle timer) whenever the runtime waits, even for a reply from
-    /// SQLite's thread, so a time bound would run out after a few polls.
+    /// Polls the node until it is in `state` (real or paused time).
     async fn wait_state(&self, id: i64, state: &str) -> Value {
-        for _ in 0..2000 {
-            let n = self.node(id).await;
-            if n["state"] == state {
-                return n;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let reached = async || Some(self.node(id).await).filter(|n| n["state"] == state);
+        match poll(Duration::from_secs(20), reached).await {
+            Some(n) => n,
+            None => panic!("node {id} never reached {state}: {}", self.node(id).await),
         }
-        panic!("node {id} never reached {state}: {}", self.node(id).await);
     }
 }
 
