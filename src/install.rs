@@ -12,7 +12,7 @@
 use crate::hostname::is_valid_label;
 use crate::images::{Arch, Family, ImageDef, ImageError, mirror_url};
 use askama::Template;
-use serde::{Deserialize, Serialize};
+use crate::wire::InstalledReport;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
@@ -72,60 +72,6 @@ impl<'a> InstallContext<'a> {
             timezone: "UTC".into(),
         })
     }
-}
-
-/// Sent by the installer to `<callback_base>/installed`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InstalledReport {
-    /// The hostname the config set.
-    pub hostname: String,
-    /// The architecture the config was rendered for (`x86_64`, `arm64`).
-    pub arch: String,
-}
-
-/// Hardware facts in a [`FirstBootReport`]; a probe that found nothing reports 0 or "".
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Facts {
-    /// Online CPUs.
-    pub cpus: u64,
-    /// `MemTotal` from /proc/meminfo.
-    pub mem_kb: u64,
-    /// GPUs: `nvidia-smi -L` lines, else PCI class 0302 (3D controller) devices.
-    pub gpus: u64,
-    /// `uname -r`.
-    pub kernel: String,
-    /// /etc/machine-id.
-    pub machine_id: String,
-}
-
-/// Sent by the agent to `<callback_base>/first-boot`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FirstBootReport {
-    /// `uname -n` of the booted system.
-    pub hostname: String,
-    /// `uname -m` (`x86_64`, `aarch64`).
-    pub arch: String,
-    /// Hardware facts.
-    pub facts: Facts,
-}
-
-/// Outcome of the agent's health check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HealthStatus {
-    /// Every check held.
-    Pass,
-    /// At least one check failed; `detail` says which.
-    Fail,
-}
-
-/// Sent by the agent to `<callback_base>/health`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HealthReport {
-    /// Pass or fail.
-    pub status: HealthStatus,
-    /// `all checks passed`, or `check: reason` items joined by `; `.
-    pub detail: String,
 }
 
 /// Errors from building or rendering a config.

@@ -21,3 +21,4 @@ pub mod net;
 pub mod script;
 pub mod store;
 pub mod tftp;
+pub mod wire;

@@ -9,13 +9,13 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 
 use super::error::{ApiError, JsonBody};
 use crate::app::AppState;
 use crate::images::Arch;
 use crate::lifecycle::transition::Event;
 use crate::store::nodes::NodeRow;
+use crate::wire::{FirstBootReport, HealthReport, HealthStatus};
 
 /// Routes for installers and agents.
 pub fn routes() -> Router<Arc<AppState>> {
@@ -99,14 +99,6 @@ async fn installed(
 }
 
 /// `POST /cb/{token}/first-boot`.
-#[derive(Debug, Deserialize)]
-pub struct FirstBootReport {
-    pub hostname: String,
-    pub arch: Option<String>,
-    #[serde(default)]
-    pub facts: serde_json::Value,
-}
-
 async fn first_boot(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
@@ -138,24 +130,17 @@ async fn first_boot(
 }
 
 /// `POST /cb/{token}/health`.
-#[derive(Debug, Deserialize)]
-pub struct HealthReport {
-    pub status: String,
-    #[serde(default)]
-    pub detail: String,
-}
-
 async fn health(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
     JsonBody(r): JsonBody<HealthReport>,
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, "health").await?;
-    let event = match r.status.as_str() {
-        "pass" => Event::HealthPassed {
+    let event = match r.status {
+        HealthStatus::Pass => Event::HealthPassed {
             generation: n.generation,
         },
-        "fail" => Event::HealthFailed {
+        HealthStatus::Fail => Event::HealthFailed {
             generation: n.generation,
             detail: if r.detail.is_empty() {
                 "health check failed (no detail)".into()
@@ -163,7 +148,6 @@ async fn health(
                 r.detail
             },
         },
-        _ => return Err(ApiError::bad_request("status must be pass or fail")),
     };
     apply_cb(&st, &n, event).await
 }

@@ -10,9 +10,8 @@ use axum::extract::{Path as AxPath, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use pxed::images::{self, Arch, Family, ImageDef, ImageError};
-use pxed::install::{
-    self, FirstBootReport, HealthReport, HealthStatus, InstallContext, InstalledReport,
-};
+use pxed::install::{self, InstallContext};
+use pxed::wire::{FirstBootReport, HealthReport, HealthStatus, InstalledReport};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -710,7 +709,7 @@ async fn agent_reports_to_a_real_server() {
     let fb: FirstBootReport = serde_json::from_str(&calls[1].2).unwrap();
     let uname_n = run(Command::new("uname").arg("-n")).1;
     assert_eq!(fb.hostname, uname_n.trim());
-    assert_eq!(fb.arch, std::env::consts::ARCH);
+    assert_eq!(fb.arch.as_deref(), Some(std::env::consts::ARCH));
     assert!(fb.facts.cpus >= 1);
     assert!(fb.facts.mem_kb > 1024);
     assert_eq!(

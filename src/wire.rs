@@ -1,0 +1,274 @@
+//! Wire types shared by the server, the CLI and the agents: one definition of every
+//! JSON body that crosses a process boundary.
+//!
+//! Agents authenticate with the node's per-generation boot token, which is part of
+//! every URL below (`/cb/{token}/...`).
+//!
+//! | call | body |
+//! |---|---|
+//! | `GET /cb/{token}/deploy` | answer: [`DeployPlan`] (disk images only) |
+//! | `POST /cb/{token}/deploy/facts` | [`AgentFacts`] |
+//! | `POST /cb/{token}/deploy/progress` | [`DeployProgress`] |
+//! | `POST /cb/{token}/failed` | [`FailedReport`] (deploy agent, installers) |
+//! | `POST /cb/{token}/installed` | [`InstalledReport`] |
+//! | `POST /cb/{token}/first-boot` | [`FirstBootReport`] |
+//! | `POST /cb/{token}/health` | [`HealthReport`] |
+
+use serde::{Deserialize, Serialize};
+
+/// Sent by the installer or the deploy agent to `<callback_base>/installed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstalledReport {
+    /// The hostname the config set.
+    pub hostname: String,
+    /// The architecture the config was rendered for (`x86_64`, `arm64`).
+    pub arch: String,
+}
+
+/// Hardware facts in a [`FirstBootReport`]; a probe that found nothing reports 0 or "".
+/// Fields the server does not know are kept (`extra`), so a newer agent loses nothing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Facts {
+    /// Online CPUs.
+    #[serde(default)]
+    pub cpus: u64,
+    /// `MemTotal` from /proc/meminfo.
+    #[serde(default)]
+    pub mem_kb: u64,
+    /// GPUs: `nvidia-smi -L` lines, else PCI class 0302 (3D controller) devices.
+    #[serde(default)]
+    pub gpus: u64,
+    /// `uname -r`.
+    #[serde(default)]
+    pub kernel: String,
+    /// /etc/machine-id.
+    #[serde(default)]
+    pub machine_id: String,
+    /// Anything else the agent reported.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Sent by the first-boot agent to `<callback_base>/first-boot`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FirstBootReport {
+    /// `uname -n` of the booted system.
+    pub hostname: String,
+    /// `uname -m` (`x86_64`, `aarch64`).
+    #[serde(default)]
+    pub arch: Option<String>,
+    /// Hardware facts.
+    #[serde(default)]
+    pub facts: Facts,
+}
+
+/// Outcome of the agent's health check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    /// Every check held.
+    Pass,
+    /// At least one check failed; `detail` says which.
+    Fail,
+}
+
+/// Sent by the first-boot agent to `<callback_base>/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthReport {
+    /// Pass or fail.
+    pub status: HealthStatus,
+    /// `all checks passed`, or `check: reason` items joined by `; `.
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// A step of an image deploy, as the deploy agent reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeployStage {
+    /// Fetching the plan from pxed.
+    Plan,
+    /// Collecting and reporting hardware facts.
+    Facts,
+    /// Choosing the target disk.
+    Disk,
+    /// Wiping filesystem, RAID and LVM signatures.
+    Wipe,
+    /// Streaming the image to the disk.
+    Write,
+    /// Checking size and SHA-256 of what was written.
+    Verify,
+    /// Growing the root partition and filesystem to the disk.
+    Grow,
+    /// Writing hostname, SSH keys and the first-boot agent into the new root.
+    Configure,
+    /// Rebooting into the deployed system.
+    Reboot,
+}
+
+impl DeployStage {
+    /// The snake_case name used on the wire and on the status page.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeployStage::Plan => "plan",
+            DeployStage::Facts => "facts",
+            DeployStage::Disk => "disk",
+            DeployStage::Wipe => "wipe",
+            DeployStage::Write => "write",
+            DeployStage::Verify => "verify",
+            DeployStage::Grow => "grow",
+            DeployStage::Configure => "configure",
+            DeployStage::Reboot => "reboot",
+        }
+    }
+}
+
+impl std::fmt::Display for DeployStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the image file is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// A raw disk image.
+    None,
+    /// A zstd frame (or frames) around the raw disk image.
+    Zstd,
+}
+
+/// What is wiped before the image is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WipePolicy {
+    /// Filesystem, RAID and LVM signatures and partition tables on every disk, read
+    /// back to verify none is left.
+    Signatures,
+}
+
+/// The disk image a deploy writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskImageRef {
+    /// Catalog name.
+    pub name: String,
+    /// Where to GET the (compressed) file; the server answers Range requests.
+    pub url: String,
+    /// How `url` is compressed.
+    pub compression: Compression,
+    /// Size in bytes of the raw (uncompressed) disk image.
+    pub size: u64,
+    /// SHA-256 (hex) of the raw (uncompressed) disk image.
+    pub sha256: String,
+    /// Partition number (1-based) of the root filesystem; it is grown to fill the disk.
+    pub root_partition: u32,
+}
+
+/// A file the deploy agent writes into the deployed root filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanFile {
+    /// Absolute path inside the deployed system.
+    pub path: String,
+    /// Unix permission bits.
+    pub mode: u32,
+    /// File content.
+    pub content: String,
+}
+
+/// `GET /cb/{token}/deploy`: everything the deploy agent needs for one node and generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployPlan {
+    /// The node being deployed.
+    pub node_id: i64,
+    /// The reinstall generation this plan belongs to.
+    pub generation: i64,
+    /// The hostname to write (`/etc/hostname`, `/etc/hosts`).
+    pub hostname: String,
+    /// The architecture pxed booted the ramdisk for (`x86_64`, `arm64`).
+    pub arch: String,
+    /// What to write.
+    pub image: DiskImageRef,
+    /// What to wipe first.
+    pub wipe: WipePolicy,
+    /// The target disk (`/dev/vda`); `None`: the agent picks the first non-removable disk.
+    pub target_disk: Option<String>,
+    /// Lines for root's `~/.ssh/authorized_keys`.
+    pub ssh_authorized_keys: Vec<String>,
+    /// Files to write into the deployed system (the first-boot agent among them).
+    pub files: Vec<PlanFile>,
+    /// systemd units to enable (linked into `multi-user.target.wants`).
+    pub enable_units: Vec<String>,
+}
+
+/// A disk the deploy agent saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFact {
+    /// Kernel name (`vda`, `nvme0n1`).
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// `device/model`, where the kernel has one.
+    #[serde(default)]
+    pub model: String,
+    /// `device/serial` or `serial`, where the kernel has one.
+    #[serde(default)]
+    pub serial: String,
+    /// Removable media (never a deploy target).
+    #[serde(default)]
+    pub removable: bool,
+}
+
+/// A network interface the deploy agent saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicFact {
+    /// Kernel name.
+    pub name: String,
+    /// MAC address.
+    pub mac: String,
+    /// Kernel driver.
+    #[serde(default)]
+    pub driver: String,
+    /// Link up.
+    #[serde(default)]
+    pub carrier: bool,
+}
+
+/// `POST /cb/{token}/deploy/facts`: what the deploy ramdisk found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentFacts {
+    /// Online CPUs.
+    pub cpus: u64,
+    /// `MemTotal` in kB.
+    pub mem_kb: u64,
+    /// `uname -m`.
+    pub machine: String,
+    /// `/sys/class/dmi/id/product_name`, where present.
+    #[serde(default)]
+    pub product: String,
+    /// Block devices (no partitions, loops or ramdisks).
+    pub disks: Vec<DiskFact>,
+    /// Ethernet interfaces.
+    pub nics: Vec<NicFact>,
+}
+
+/// `POST /cb/{token}/deploy/progress`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployProgress {
+    /// The stage now running or just finished.
+    pub stage: DeployStage,
+    /// What happened, for the node's timeline.
+    pub message: String,
+    /// Bytes written so far (write stage).
+    #[serde(default)]
+    pub bytes: Option<u64>,
+}
+
+/// `POST /cb/{token}/failed`: an install or deploy failed; the node fails at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedReport {
+    /// Where it failed (a [`DeployStage`] name for the deploy agent).
+    pub stage: String,
+    /// The real reason, in the failing tool's own words where there are any.
+    pub reason: String,
+}
