@@ -1,13 +1,11 @@
 //! Command line: `pxed serve`, `pxed check-config`, and the client subcommands.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, DhcpMode, Flags};
+use crate::config::{self, Flags};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -23,9 +21,11 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run DHCP, TFTP, HTTP and the lifecycle worker.
-    Serve(ServerArgs),
+    #[command(after_help = ENV_HELP)]
+    Serve(Flags),
     /// Print the validated configuration (secrets masked) and exit.
-    CheckConfig(ServerArgs),
+    #[command(after_help = ENV_HELP)]
+    CheckConfig(Flags),
     /// Nodes, through the HTTP API.
     #[command(subcommand)]
     Node(crate::client::NodeCmd),
@@ -37,88 +37,6 @@ enum Cmd {
     Bmc(crate::client::BmcCmd),
 }
 
-/// Flags shared by `serve` and `check-config`.
-#[derive(Args, Debug, Clone)]
-pub struct ServerArgs {
-    /// TOML config file.
-    #[arg(long, env = "PXED_CONFIG")]
-    config: Option<PathBuf>,
-    /// Run on loopback with a local data dir and the repo's image catalog (no DHCP).
-    #[arg(long)]
-    demo: bool,
-    /// Interface to answer DHCP on (repeatable). DHCP is served only there.
-    #[arg(long = "interface", value_name = "IFACE")]
-    interfaces: Vec<String>,
-    /// The address clients are told to use for TFTP and HTTP.
-    #[arg(long)]
-    server_ip: Option<Ipv4Addr>,
-    /// DHCP mode.
-    #[arg(long, value_enum)]
-    dhcp: Option<DhcpMode>,
-    /// Address pool, START-END (full mode).
-    #[arg(long)]
-    pool: Option<String>,
-    #[arg(long)]
-    netmask: Option<Ipv4Addr>,
-    #[arg(long)]
-    router: Option<Ipv4Addr>,
-    /// DNS server (repeatable).
-    #[arg(long)]
-    dns: Vec<Ipv4Addr>,
-    /// Lease time (e.g. 3600, 1h).
-    #[arg(long)]
-    lease_time: Option<String>,
-    /// SQLite file and state.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// iPXE binaries (undionly.kpxe, snponly.efi, ipxe-arm64.efi).
-    #[arg(long)]
-    ipxe_dir: Option<PathBuf>,
-    /// Imported image files.
-    #[arg(long)]
-    images_dir: Option<PathBuf>,
-    /// HTTP listen address.
-    #[arg(long)]
-    http: Option<SocketAddr>,
-    /// TFTP listen address.
-    #[arg(long)]
-    tftp: Option<SocketAddr>,
-    /// File holding the API bearer token.
-    #[arg(long)]
-    api_token_file: Option<PathBuf>,
-}
-
-impl ServerArgs {
-    fn flags(&self) -> Flags {
-        Flags {
-            interfaces: self.interfaces.clone(),
-            server_ip: self.server_ip,
-            dhcp: self.dhcp,
-            pool: self.pool.clone(),
-            netmask: self.netmask,
-            router: self.router,
-            dns: self.dns.clone(),
-            lease_time: self.lease_time.clone(),
-            data_dir: self.data_dir.clone(),
-            ipxe_dir: self.ipxe_dir.clone(),
-            images_dir: self.images_dir.clone(),
-            http: self.http,
-            tftp: self.tftp,
-            api_token_file: self.api_token_file.clone(),
-            demo: self.demo,
-        }
-    }
-
-    /// Loads the configuration these flags point at.
-    pub fn load(&self) -> Result<config::Config, config::ConfigError> {
-        let file = self.config.clone().or_else(|| {
-            let p = PathBuf::from("/etc/pxed/pxed.toml");
-            (!self.demo && p.exists()).then_some(p)
-        });
-        config::load(file.as_deref(), std::env::vars(), &self.flags())
-    }
-}
-
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("PXED_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
@@ -128,6 +46,12 @@ fn init_tracing() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
+
+const ENV_HELP: &str = "Configuration: defaults < config file < PXED_* environment < flags.\n\
+The environment layer reads only config keys, `__` between section and key\n\
+(PXED_DATA_DIR, PXED_DHCP__MODE, PXED_LIFECYCLE__DEADLINES__INSTALLING, ...).\n\
+Other PXED_* variables (the CLI's PXED_URL and PXED_BMC_PASSWORD, a wrapper's own)\n\
+are left alone; a misspelled key inside a known section is an error.";
 
 /// Entry point used by `main.rs`.
 pub fn main() -> ExitCode {

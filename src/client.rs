@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use crate::cli::ServerArgs;
+use crate::config::Flags as ServerArgs;
 
 /// Where the API is and how to authenticate.
 #[derive(Args, Debug, Clone)]

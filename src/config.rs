@@ -371,29 +371,114 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(n * mult))
 }
 
-/// Command-line overrides (the last layer). `None` means "not given".
-#[derive(Debug, Clone, Default)]
+/// The server's command-line flags: parsed by clap (`pxed serve`, `pxed check-config`)
+/// and serialized as the last config layer. A flag that was not given serializes to
+/// nothing (TOML drops `None`, empty lists are skipped), so only given flags override.
+#[derive(Debug, Clone, Default, Serialize, clap::Args)]
 pub struct Flags {
-    pub interfaces: Vec<String>,
-    pub server_ip: Option<Ipv4Addr>,
-    pub dhcp: Option<DhcpMode>,
-    pub pool: Option<String>,
-    pub netmask: Option<Ipv4Addr>,
-    pub router: Option<Ipv4Addr>,
-    pub dns: Vec<Ipv4Addr>,
-    pub lease_time: Option<String>,
-    pub data_dir: Option<PathBuf>,
-    pub ipxe_dir: Option<PathBuf>,
-    pub images_dir: Option<PathBuf>,
-    pub http: Option<SocketAddr>,
-    pub tftp: Option<SocketAddr>,
-    pub api_token_file: Option<PathBuf>,
-    /// `--demo`: loopback ports, a local data dir and the repo's catalog.
+    /// TOML config file.
+    #[arg(long, env = "PXED_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Run on loopback with a local data dir and the repo's image catalog (no DHCP).
+    #[arg(long)]
+    #[serde(skip)]
     pub demo: bool,
+    /// Interface to answer DHCP on (repeatable). DHCP is served only there.
+    #[arg(long = "interface", value_name = "IFACE")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
+    /// The address clients are told to use for TFTP and HTTP.
+    #[arg(long)]
+    pub server_ip: Option<Ipv4Addr>,
+    /// SQLite file and state.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// iPXE binaries (undionly.kpxe, snponly.efi, ipxe-arm64.efi).
+    #[arg(long)]
+    pub ipxe_dir: Option<PathBuf>,
+    /// Imported image files.
+    #[arg(long)]
+    pub images_dir: Option<PathBuf>,
+    /// HTTP listen address.
+    #[arg(long)]
+    pub http: Option<SocketAddr>,
+    /// TFTP listen address.
+    #[arg(long)]
+    pub tftp: Option<SocketAddr>,
+    /// File holding the API bearer token.
+    #[arg(long)]
+    pub api_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(skip_serializing_if = "DhcpFlags::is_empty")]
+    pub dhcp: DhcpFlags,
 }
 
-/// Environment variables that belong to the CLI client, not to the server config.
-const CLIENT_ENV: &[&str] = &["PXED_URL", "PXED_LOG", "PXED_CONFIG"];
+/// The `[dhcp]` part of [`Flags`].
+#[derive(Debug, Clone, Default, Serialize, clap::Args)]
+pub struct DhcpFlags {
+    /// DHCP mode.
+    #[arg(long = "dhcp", value_enum)]
+    pub mode: Option<DhcpMode>,
+    /// Address pool, START-END (full mode).
+    #[arg(long)]
+    pub pool: Option<String>,
+    #[arg(long)]
+    pub netmask: Option<Ipv4Addr>,
+    #[arg(long)]
+    pub router: Option<Ipv4Addr>,
+    /// DNS server (repeatable).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dns: Vec<Ipv4Addr>,
+    /// Lease time (e.g. 3600, 1h).
+    #[arg(long)]
+    pub lease_time: Option<String>,
+}
+
+impl DhcpFlags {
+    fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.pool.is_none()
+            && self.netmask.is_none()
+            && self.router.is_none()
+            && self.dns.is_empty()
+            && self.lease_time.is_none()
+    }
+}
+
+impl Flags {
+    /// Loads the configuration these flags point at, with the process environment,
+    /// and logs which `PXED_*` variables it left alone.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let (cfg, ignored) = self.load_with_env(std::env::vars())?;
+        let ignored: Vec<String> = ignored
+            .into_iter()
+            .filter(|v| !matches!(v.as_str(), "PXED_CONFIG" | "PXED_LOG"))
+            .collect();
+        if !ignored.is_empty() {
+            tracing::info!(
+                variables = %ignored.join(", "),
+                "environment variables that are not config keys were left alone"
+            );
+        }
+        Ok(cfg)
+    }
+
+    /// Loads with `env` as the environment; also returns the `PXED_*` variables that
+    /// were ignored because they name no config key (client variables such as
+    /// `PXED_URL` or `PXED_BMC_PASSWORD`).
+    pub fn load_with_env(
+        &self,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(Config, Vec<String>), ConfigError> {
+        let file = self.config.clone().or_else(|| {
+            let p = PathBuf::from("/etc/pxed/pxed.toml");
+            (!self.demo && p.exists()).then_some(p)
+        });
+        load_layers(file.as_deref(), env, self)
+    }
+}
 
 /// Reads all layers and validates the result.
 pub fn load(
@@ -401,6 +486,16 @@ pub fn load(
     env: impl IntoIterator<Item = (String, String)>,
     flags: &Flags,
 ) -> Result<Config, ConfigError> {
+    Ok(load_layers(file, env, flags)?.0)
+}
+
+/// [`load`], also returning the names of `PXED_*` variables that were left alone
+/// (they name no config key or section).
+pub fn load_layers(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    flags: &Flags,
+) -> Result<(Config, Vec<String>), ConfigError> {
     let mut merged = toml::Table::new();
     if flags.demo {
         merge(&mut merged, demo_defaults());
@@ -414,12 +509,13 @@ pub fn load(
             .map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?;
         merge(&mut merged, t);
     }
-    merge(&mut merged, env_layer(env)?);
+    let (env_table, ignored) = env_layer(env)?;
+    merge(&mut merged, env_table);
     merge(&mut merged, flag_layer(flags)?);
     let wire: Wire = merged
         .try_into()
         .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
-    validate(wire)
+    Ok((validate(wire)?, ignored))
 }
 
 fn demo_defaults() -> toml::Table {
@@ -446,36 +542,130 @@ fn merge(base: &mut toml::Table, top: toml::Table) {
     }
 }
 
+/// Every config key the environment may set, as `section.key`; `section.*` is a map
+/// whose keys are the operator's (deadline per state, boot file per MAC). Lists of
+/// tables (`dhcp.reservations`, `dhcp.relay_subnets`) are config-file only.
+pub const ENV_KEYS: &[&str] = &[
+    "interfaces",
+    "server_ip",
+    "data_dir",
+    "ipxe_dir",
+    "images_dir",
+    "images_catalog",
+    "http",
+    "tftp",
+    "mirror_base",
+    "default_image",
+    "hostname_prefix",
+    "api_token",
+    "api_token_file",
+    "dhcp.mode",
+    "dhcp.pool",
+    "dhcp.netmask",
+    "dhcp.router",
+    "dhcp.dns",
+    "dhcp.domain",
+    "dhcp.lease_time",
+    "boot.bios",
+    "boot.uefi_x64",
+    "boot.uefi_arm64",
+    "boot.http_x64",
+    "boot.http_arm64",
+    "boot.per_mac.*",
+    "tftp_server.max_transfers",
+    "tftp_server.timeout",
+    "tftp_server.retries",
+    "lifecycle.deadlines.*",
+    "lifecycle.max_attempts",
+    "lifecycle.backoff",
+    "bmc.request_timeout",
+    "bmc.retries",
+    "bmc.power_deadline",
+    "bmc.restart_observe",
+    "bmc.poll_interval",
+];
+
+/// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
+/// the first component names a section or key but the rest does not match.
+fn env_key(path: &[String]) -> Option<Result<(), Vec<&'static str>>> {
+    let first = path.first()?;
+    let in_section: Vec<&'static str> = ENV_KEYS
+        .iter()
+        .copied()
+        .filter(|k| k.split('.').next() == Some(first.as_str()))
+        .collect();
+    if in_section.is_empty() {
+        return None;
+    }
+    let matches = |k: &str| {
+        let parts: Vec<&str> = k.split('.').collect();
+        parts.len() == path.len()
+            && parts
+                .iter()
+                .zip(path)
+                .all(|(p, q)| *p == "*" || *p == q.as_str())
+    };
+    Some(if in_section.iter().any(|k| matches(k)) {
+        Ok(())
+    } else {
+        Err(in_section)
+    })
+}
+
 /// `PXED_DHCP__POOL=...` → `dhcp.pool`. Values are parsed as TOML where they can be,
-/// comma lists become arrays, anything else is a string.
-fn env_layer(env: impl IntoIterator<Item = (String, String)>) -> Result<toml::Table, ConfigError> {
+/// comma lists become arrays, anything else is a string. A variable whose first
+/// component names no config key or section is not config (`PXED_URL`,
+/// `PXED_BMC_PASSWORD`, a wrapper script's own): it is skipped and returned; one that
+/// names a section but no key in it is an error.
+fn env_layer(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(toml::Table, Vec<String>), ConfigError> {
     let mut t = toml::Table::new();
-    for (var, val) in env {
-        let Some(rest) = var.strip_prefix("PXED_") else {
-            continue;
-        };
-        if CLIENT_ENV.contains(&var.as_str()) {
-            continue;
-        }
+    let mut ignored = Vec::new();
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("PXED_"))
+        .collect();
+    vars.sort();
+    for (var, val) in vars {
+        let rest = &var["PXED_".len()..];
         let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
-        if path.iter().any(|p| p.is_empty()) {
-            return Err(ConfigError::UnknownEnv {
-                key: path.join("."),
-                var,
-            });
+        match env_key(&path) {
+            None => {
+                ignored.push(var);
+                continue;
+            }
+            Some(Err(keys)) => {
+                let hint = keys
+                    .iter()
+                    .map(|k| format!("PXED_{}", k.replace('.', "__").to_ascii_uppercase()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(ConfigError::UnknownEnv {
+                    key: format!("{} (did you mean one of: {hint})", path.join(".")),
+                    var,
+                });
+            }
+            Some(Ok(())) => {}
         }
         let value = env_value(&path, &val);
         let mut cur = &mut t;
         for p in &path[..path.len() - 1] {
-            cur = cur
+            let entry = cur
                 .entry(p.clone())
-                .or_insert_with(|| toml::Value::Table(Default::default()))
-                .as_table_mut()
-                .expect("env path component is a table");
+                .or_insert_with(|| toml::Value::Table(Default::default()));
+            // Keys are leaves or sections by ENV_KEYS, so a section is always a table.
+            let toml::Value::Table(next) = entry else {
+                return Err(ConfigError::UnknownEnv {
+                    key: path.join("."),
+                    var,
+                });
+            };
+            cur = next;
         }
         cur.insert(path[path.len() - 1].clone(), value);
     }
-    Ok(t)
+    Ok((t, ignored))
 }
 
 const LIST_KEYS: &[&str] = &["interfaces", "dns"];
@@ -500,32 +690,7 @@ fn env_value(path: &[String], val: &str) -> toml::Value {
 }
 
 fn flag_layer(f: &Flags) -> Result<toml::Table, ConfigError> {
-    let mut w = Wire::default();
-    if !f.interfaces.is_empty() {
-        w.interfaces = Some(f.interfaces.clone());
-    }
-    w.server_ip = f.server_ip;
-    w.data_dir = f.data_dir.clone();
-    w.ipxe_dir = f.ipxe_dir.clone();
-    w.images_dir = f.images_dir.clone();
-    w.http = f.http;
-    w.tftp = f.tftp;
-    w.api_token_file = f.api_token_file.clone();
-    let d = DhcpWire {
-        mode: f.dhcp,
-        pool: f.pool.clone(),
-        netmask: f.netmask,
-        router: f.router,
-        dns: (!f.dns.is_empty()).then(|| f.dns.clone()),
-        lease_time: f.lease_time.clone(),
-        ..Default::default()
-    };
-    w.dhcp = Some(d);
-    let v = toml::Value::try_from(&w).map_err(|e| ConfigError::Parse(e.to_string()))?;
-    Ok(match v {
-        toml::Value::Table(t) => t,
-        _ => toml::Table::new(),
-    })
+    toml::Table::try_from(f).map_err(|e| ConfigError::Parse(e.to_string()))
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -845,8 +1010,11 @@ mod tests {
     #[test]
     fn dhcp_without_interface_is_refused() {
         let f = Flags {
-            dhcp: Some(DhcpMode::Full),
-            pool: Some("10.0.0.10-10.0.0.20".into()),
+            dhcp: DhcpFlags {
+                mode: Some(DhcpMode::Full),
+                pool: Some("10.0.0.10-10.0.0.20".into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let e = load(None, env(&[]), &f).unwrap_err().to_string();
@@ -884,18 +1052,106 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("poool"), "{e}");
-        let e = load(None, env(&[("PXED_BOGUS", "1")]), &Flags::default())
+        // A key misspelled inside a known section is an error that names the keys.
+        let e = load(None, env(&[("PXED_DHCP__POOOL", "1")]), &Flags::default())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("bogus"), "{e}");
+        assert!(e.contains("dhcp.poool"), "{e}");
+        assert!(e.contains("PXED_DHCP__POOL"), "{e}");
+    }
+
+    /// Client and wrapper variables share the `PXED_` prefix; they must never stop the
+    /// server (the README tells operators to export `PXED_BMC_PASSWORD`).
+    #[test]
+    fn foreign_pxed_variables_are_left_alone() {
+        let vars = env(&[
+            ("PXED_BMC_PASSWORD", "s3cret"),
+            ("PXED_URL", "http://10.0.0.2"),
+            ("PXED_WRAPPER_MODE", "x"),
+            ("PXED_DATA_DIR", "/env"),
+            ("HOME", "/root"),
+        ]);
+        let (c, ignored) = load_layers(None, vars, &Flags::default()).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/env"));
+        assert_eq!(
+            ignored,
+            ["PXED_BMC_PASSWORD", "PXED_URL", "PXED_WRAPPER_MODE"]
+        );
+    }
+
+    /// `PXED_DHCP` names a section, not a key: an error, never a panic, and never
+    /// silently ignored (it once was, because the flag layer always wrote `[dhcp]`).
+    #[test]
+    fn a_section_set_as_a_value_is_an_error() {
+        for vars in [
+            env(&[("PXED_DHCP", "full")]),
+            env(&[("PXED_DHCP", "x"), ("PXED_DHCP__MODE", "full")]),
+            env(&[("PXED_DHCP__MODE", "full"), ("PXED_DHCP", "x")]),
+            env(&[("PXED_LIFECYCLE__DEADLINES", "1h")]),
+        ] {
+            let e = load(None, vars.clone(), &Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("PXED_DHCP__MODE") || e.contains("deadlines"), "{vars:?}: {e}");
+        }
+    }
+
+    /// A flag that was not given does not override the environment or the file.
+    #[test]
+    fn only_given_flags_override() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(&p, "[dhcp]\nlease_time = \"2h\"\n").unwrap();
+        let c = load(
+            Some(&p),
+            env(&[("PXED_DHCP__MODE", "proxy"), ("PXED_INTERFACES", "lo")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(c.dhcp.mode, DhcpMode::Proxy);
+        assert_eq!(c.dhcp.lease_time, Duration::from_secs(7200));
+        let f = Flags {
+            dhcp: DhcpFlags {
+                lease_time: Some("3h".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let c = load(
+            Some(&p),
+            env(&[("PXED_DHCP__MODE", "proxy"), ("PXED_INTERFACES", "lo")]),
+            &f,
+        )
+        .unwrap();
+        assert_eq!(c.dhcp.mode, DhcpMode::Proxy);
+        assert_eq!(c.dhcp.lease_time, Duration::from_secs(3 * 3600));
+    }
+
+    /// Every key the environment may set is a key of the config file.
+    #[test]
+    fn env_keys_are_config_keys() {
+        for key in ENV_KEYS {
+            let var = format!(
+                "PXED_{}",
+                key.replace(".*", "__x").replace('.', "__").to_ascii_uppercase()
+            );
+            if let Err(e) = load(None, env(&[(&var, "1")]), &Flags::default()) {
+                let e = e.to_string();
+                assert!(!e.contains("unknown field"), "{var}: {e}");
+                assert!(!e.contains("unknown environment"), "{var}: {e}");
+            }
+        }
     }
 
     #[test]
     fn pool_outside_subnet_is_refused() {
         let f = Flags {
             interfaces: vec!["eth0".into()],
-            dhcp: Some(DhcpMode::Full),
-            pool: Some("10.0.0.10-10.0.1.20".into()),
+            dhcp: DhcpFlags {
+                mode: Some(DhcpMode::Full),
+                pool: Some("10.0.0.10-10.0.1.20".into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert!(load(None, env(&[]), &f).is_err());

@@ -461,13 +461,16 @@ fn from_row(r: LeaseRow) -> Option<Lease> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Flags, load};
+    use crate::config::{DhcpFlags, Flags, load};
 
     fn cfg(iface: &str, pool: &str) -> Config {
         let f = Flags {
             interfaces: vec![iface.into()],
-            dhcp: Some(DhcpMode::Full),
-            pool: Some(pool.into()),
+            dhcp: DhcpFlags {
+                mode: Some(DhcpMode::Full),
+                pool: Some(pool.into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         load(None, Vec::<(String, String)>::new(), &f).unwrap()

@@ -144,3 +144,35 @@ fn image_add_list_rm_with_checksums() {
     let (ok, _, err) = image(&["rm", "debian-13"]);
     assert!(!ok && err.contains("not imported"), "{err}");
 }
+
+/// The README tells operators to export `PXED_URL`, `PXED_API_TOKEN` and
+/// `PXED_BMC_PASSWORD` for the CLI; with all of them in the environment the server
+/// still starts and `check-config` still works (once they made both refuse to start).
+#[test]
+fn client_variables_never_stop_the_server() {
+    let env = [
+        ("PXED_API_TOKEN", "tok"),
+        ("PXED_URL", "http://127.0.0.1:1"),
+        ("PXED_BMC_PASSWORD", "bmc-secret-pw"),
+        ("PXED_SOMETHING_A_WRAPPER_SETS", "1"),
+    ];
+    let d = Daemon::start_in(tempfile::tempdir().unwrap(), &[], &env);
+    let (ok, out, err) = pxed(&d, &["node", "list"], "tok");
+    assert!(ok, "{out}{err}");
+    let mut cmd = Command::new(pxed_bin());
+    cmd.current_dir(repo()).args(["check-config", "--demo"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let (ok, out, err) = run(&mut cmd);
+    assert!(ok, "{out}{err}");
+    assert!(!out.contains("bmc-secret-pw") && !err.contains("bmc-secret-pw"));
+    assert!(err.contains("PXED_BMC_PASSWORD"), "{err}");
+    // A section given as a value is refused with the key it should have been.
+    let (ok, _, err) = run(Command::new(pxed_bin())
+        .current_dir(repo())
+        .args(["check-config", "--demo"])
+        .env("PXED_DHCP", "full"));
+    assert!(!ok);
+    assert!(err.contains("PXED_DHCP__MODE"), "{err}");
+}

@@ -27,8 +27,11 @@ fn load_config(dir: &Path, mode: DhcpMode, pool: Option<&str>, toml: &str) -> Co
     std::fs::write(&file, toml).unwrap();
     let flags = CfgFlags {
         interfaces: vec!["br0".into()],
-        dhcp: Some(mode),
-        pool: pool.map(Into::into),
+        dhcp: config::DhcpFlags {
+            mode: Some(mode),
+            pool: pool.map(Into::into),
+            ..Default::default()
+        },
         data_dir: Some(dir.join("data")),
         http: Some("10.77.0.1:80".parse().unwrap()),
         ..Default::default()
