@@ -448,12 +448,8 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
             let imported = crate::images::import(&def, &mirror, &cfg.images_dir)
                 .await
                 .map_err(|e| ClientError::Other(e.to_string()))?;
-            let family = match def.family {
-                crate::images::Family::Kickstart => "kickstart",
-                crate::images::Family::Autoinstall => "autoinstall",
-                crate::images::Family::Preseed => "preseed",
-            };
-            let stored = crate::app::StoredImage { def, imported };
+            let family = def.family.as_str();
+            let stored = crate::images::StoredImage { def, imported };
             let json =
                 serde_json::to_string(&stored).map_err(|e| ClientError::Other(e.to_string()))?;
             store
@@ -465,6 +461,12 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
                     "{} {arch}: kernel {} bytes sha256 {}, initrd {} bytes sha256 {}",
                     stored.def.name, a.kernel.size, a.kernel.sha256, a.initrd.size, a.initrd.sha256
                 );
+                if let Some(d) = &a.disk {
+                    println!(
+                        "{} {arch}: disk image {} bytes ({} raw) sha256 {}, raw sha256 {}",
+                        stored.def.name, d.file.size, d.raw_size, d.file.sha256, d.raw_sha256
+                    );
+                }
             }
         }
         ImageCmd::List { .. } => {

@@ -60,6 +60,9 @@ pub struct Wire {
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
     pub hostname_prefix: Option<String>,
+    /// OpenSSH public keys for root on every installed or deployed system (images may
+    /// add their own).
+    pub ssh_authorized_keys: Option<Vec<String>>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub dhcp: Option<DhcpWire>,
@@ -311,6 +314,8 @@ pub struct Config {
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
     pub hostname_prefix: String,
+    /// OpenSSH public keys for root on every installed or deployed system.
+    pub ssh_authorized_keys: Vec<String>,
     #[serde(serialize_with = "mask")]
     pub api_token: Option<String>,
     pub dhcp: DhcpConfig,
@@ -557,6 +562,7 @@ pub const ENV_KEYS: &[&str] = &[
     "mirror_base",
     "default_image",
     "hostname_prefix",
+    "ssh_authorized_keys",
     "api_token",
     "api_token_file",
     "dhcp.mode",
@@ -613,10 +619,10 @@ fn env_key(path: &[String]) -> Option<Result<(), Vec<&'static str>>> {
 }
 
 /// `PXED_DHCP__POOL=...` → `dhcp.pool`. Values are parsed as TOML where they can be,
-/// comma lists become arrays, anything else is a string. A variable whose first
-/// component names no config key or section is not config (`PXED_URL`,
-/// `PXED_BMC_PASSWORD`, a wrapper script's own): it is skipped and returned; one that
-/// names a section but no key in it is an error.
+/// comma lists become arrays, anything else is a string. A variable without `__` that
+/// names no config key is not config (`PXED_URL`, `PXED_BMC_PASSWORD`, a wrapper
+/// script's own): it is skipped and returned. One with `__`, or one that names a
+/// section but no key in it, is an error.
 fn env_layer(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<(toml::Table, Vec<String>), ConfigError> {
@@ -631,6 +637,13 @@ fn env_layer(
         let rest = &var["PXED_".len()..];
         let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
         match env_key(&path) {
+            // `__` is the config layer's own syntax: a misspelled section is an error.
+            None if path.len() > 1 => {
+                return Err(ConfigError::UnknownEnv {
+                    key: path.join("."),
+                    var,
+                });
+            }
             None => {
                 ignored.push(var);
                 continue;
@@ -668,7 +681,7 @@ fn env_layer(
     Ok((t, ignored))
 }
 
-const LIST_KEYS: &[&str] = &["interfaces", "dns"];
+const LIST_KEYS: &[&str] = &["interfaces", "dns", "ssh_authorized_keys"];
 
 fn env_value(path: &[String], val: &str) -> toml::Value {
     let last = path.last().map(String::as_str).unwrap_or("");
@@ -854,6 +867,16 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     if api_token.as_deref() == Some("") {
         return Err(invalid("api_token", "the API token is empty"));
     }
+    let ssh_authorized_keys = w.ssh_authorized_keys.unwrap_or_default();
+    if let Some(k) = ssh_authorized_keys
+        .iter()
+        .find(|k| k.trim().is_empty() || k.contains(['\n', '\r']))
+    {
+        return Err(invalid(
+            "ssh_authorized_keys",
+            format!("{k:?} is not one OpenSSH public key line"),
+        ));
+    }
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
     Ok(Config {
         interfaces,
@@ -873,6 +896,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         mirror_base: w.mirror_base,
         default_image: w.default_image,
         hostname_prefix: w.hostname_prefix.unwrap_or_else(|| "node-".into()),
+        ssh_authorized_keys,
         api_token,
         dhcp: DhcpConfig {
             mode,

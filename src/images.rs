@@ -81,6 +81,21 @@ pub enum Family {
     Autoinstall,
     /// debian-installer: `auto=true url=`.
     Preseed,
+    /// A whole-disk image written by pxed's deploy agent from its deploy ramdisk
+    /// (`kernel`/`initrd` are the ramdisk; `disk` is the image).
+    Disk,
+}
+
+impl Family {
+    /// The catalog name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Kickstart => "kickstart",
+            Family::Autoinstall => "autoinstall",
+            Family::Preseed => "preseed",
+            Family::Disk => "disk",
+        }
+    }
 }
 
 /// One architecture's install media; every path is relative to the mirror base.
@@ -95,8 +110,16 @@ pub struct ArchDef {
     #[serde(default)]
     pub cmdline: String,
     /// The install source: the BaseOS tree (kickstart), the live-server ISO
-    /// (autoinstall, casper's `url=`), the archive root (preseed).
+    /// (autoinstall, casper's `url=`), the archive root (preseed). Unused by `disk`.
+    #[serde(default)]
     pub repo: String,
+    /// `disk` family: the zstd-compressed whole-disk image.
+    #[serde(default)]
+    pub disk: Option<String>,
+    /// `disk` family: the image's manifest (JSON with `raw_size`, `raw_sha256`,
+    /// `file_sha256`, `root_partition`), as `images/build/debian-12.sh` writes it.
+    #[serde(default)]
+    pub disk_manifest: Option<String>,
     /// Further repositories by name (Rocky's AppStream, Ubuntu's package archive).
     #[serde(default)]
     pub extra_repos: BTreeMap<String, String>,
@@ -121,6 +144,10 @@ pub struct ImageDef {
     pub family: Family,
     /// Install media per architecture.
     pub arches: BTreeMap<Arch, ArchDef>,
+    /// OpenSSH public keys for root on systems installed from this image, added to
+    /// the config's `ssh_authorized_keys`.
+    #[serde(default)]
+    pub ssh_authorized_keys: Vec<String>,
 }
 
 impl ImageDef {
@@ -153,6 +180,56 @@ pub struct ImportedArch {
     pub kernel: ImportedFile,
     /// The installer initrd.
     pub initrd: ImportedFile,
+    /// `disk` family: the disk image.
+    #[serde(default)]
+    pub disk: Option<ImportedDisk>,
+}
+
+/// A disk image's manifest, as the image build script writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskManifest {
+    /// Size in bytes of the raw disk image.
+    pub raw_size: u64,
+    /// SHA-256 (hex) of the raw disk image.
+    pub raw_sha256: String,
+    /// SHA-256 (hex) of the compressed file.
+    #[serde(default)]
+    pub file_sha256: Option<String>,
+    /// Partition number of the root filesystem (grown to the disk).
+    pub root_partition: u32,
+}
+
+/// An imported disk image: the compressed file pxed serves and what the deploy agent
+/// must find once it is written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportedDisk {
+    /// The compressed file (`images_dir/<name>/<arch>/disk.raw.zst`).
+    pub file: ImportedFile,
+    /// Size in bytes of the raw disk image.
+    pub raw_size: u64,
+    /// SHA-256 (hex) of the raw disk image.
+    pub raw_sha256: String,
+    /// Partition number of the root filesystem.
+    pub root_partition: u32,
+}
+
+/// What an image row's `definition` column holds: the catalog entry and what import
+/// fetched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredImage {
+    pub def: ImageDef,
+    pub imported: ImportedImage,
+}
+
+impl StoredImage {
+    /// Decodes a stored row; a row that does not decode is an error naming the image,
+    /// never "not imported".
+    pub fn decode(name: &str, json: &str) -> Result<StoredImage, ImageError> {
+        serde_json::from_str(json).map_err(|e| ImageError::Stored {
+            image: name.to_string(),
+            reason: e.to_string(),
+        })
+    }
 }
 
 /// The result of [`import`], stored by the caller as JSON.
@@ -213,6 +290,10 @@ pub enum ImageError {
     BadUrl { url: String },
     #[error("kernel argument {arg:?} would be misread by iPXE")]
     UnsafeCmdline { arg: String },
+    #[error("stored image {image} does not decode: {reason}")]
+    Stored { image: String, reason: String },
+    #[error("disk manifest {path}: {reason}")]
+    Manifest { path: PathBuf, reason: String },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
@@ -286,7 +367,15 @@ pub fn validate(def: &ImageDef) -> Result<(), ImageError> {
         let f = |k: &str| format!("arches.{arch}.{k}");
         check_rel_path(n, &f("kernel"), &a.kernel)?;
         check_rel_path(n, &f("initrd"), &a.initrd)?;
-        check_rel_path(n, &f("repo"), &a.repo)?;
+        if def.family == Family::Disk {
+            let (Some(disk), Some(manifest)) = (&a.disk, &a.disk_manifest) else {
+                return Err(invalid(n, f("disk"), "a disk image needs disk and disk_manifest"));
+            };
+            check_rel_path(n, &f("disk"), disk)?;
+            check_rel_path(n, &f("disk_manifest"), manifest)?;
+        } else {
+            check_rel_path(n, &f("repo"), &a.repo)?;
+        }
         for (rname, rpath) in &a.extra_repos {
             if !valid_name(rname) {
                 return Err(invalid(n, f("extra_repos"), "names must be [a-z0-9._-]"));
@@ -390,6 +479,16 @@ pub fn kernel_cmdline(
             args.push("autoinstall".into());
             // cloud-init appends `user-data` / `meta-data` to the seed, so keep the slash.
             args.push(format!("ds=nocloud;s={cfg}/"));
+        }
+        Family::Disk => {
+            // The deploy agent reads these; it asks `<url>/cb/<token>/deploy` for its plan.
+            let Some((server, token)) = cfg.rsplit_once("/cfg/") else {
+                return Err(ImageError::UnsafeCmdline {
+                    arg: config_base.to_string(),
+                });
+            };
+            args.push(format!("pxed.url={server}"));
+            args.push(format!("pxed.token={token}"));
         }
         Family::Preseed => {
             args.extend(["auto=true".into(), "priority=critical".into()]);
@@ -524,6 +623,46 @@ async fn fetch_file(
     })
 }
 
+/// Fetches a disk image's manifest, then the image, checked against the manifest's
+/// file checksum.
+async fn import_disk(
+    client: &reqwest::Client,
+    mirror_base: &str,
+    dir: &Path,
+    disk: &str,
+    manifest: &str,
+) -> Result<ImportedDisk, ImageError> {
+    let mpath = dir.join("disk.json");
+    fetch_file(client, &mirror_url(mirror_base, manifest), &mpath, None).await?;
+    let text = tokio::fs::read_to_string(&mpath)
+        .await
+        .map_err(io_err(&mpath))?;
+    let bad = |reason: String| ImageError::Manifest {
+        path: mpath.clone(),
+        reason,
+    };
+    let m: DiskManifest = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if m.raw_sha256.len() != 64 || !m.raw_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad("raw_sha256 must be 64 hex digits".into()));
+    }
+    if m.raw_size == 0 || m.root_partition == 0 {
+        return Err(bad("raw_size and root_partition must be more than 0".into()));
+    }
+    let file = fetch_file(
+        client,
+        &mirror_url(mirror_base, disk),
+        &dir.join("disk.raw.zst"),
+        m.file_sha256.as_deref(),
+    )
+    .await?;
+    Ok(ImportedDisk {
+        file,
+        raw_size: m.raw_size,
+        raw_sha256: m.raw_sha256.to_ascii_lowercase(),
+        root_partition: m.root_partition,
+    })
+}
+
 /// Downloads every architecture's kernel and initrd of `def` from `mirror_base`
 /// (`http(s)://`, `file://` or a plain directory path) into
 /// `images_dir/<name>/<arch>/{kernel,initrd}`. A file whose SHA-256 differs from the
@@ -556,7 +695,20 @@ pub async fn import(
             a.sha256_initrd.as_deref(),
         )
         .await?;
-        arches.insert(*arch, ImportedArch { kernel, initrd });
+        let disk = match (def.family, &a.disk, &a.disk_manifest) {
+            (Family::Disk, Some(disk), Some(manifest)) => {
+                Some(import_disk(&client, mirror_base, &dir, disk, manifest).await?)
+            }
+            _ => None,
+        };
+        arches.insert(
+            *arch,
+            ImportedArch {
+                kernel,
+                initrd,
+                disk,
+            },
+        );
     }
     Ok(ImportedImage {
         name: def.name.clone(),
@@ -577,8 +729,8 @@ mod tests {
     fn shipped_catalog_loads() {
         let cat = load_catalog(&catalog_dir()).unwrap();
         let names: Vec<&str> = cat.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["debian-13", "rocky-9", "ubuntu-24.04"]);
-        for d in &cat {
+        assert_eq!(names, ["debian-12", "debian-13", "rocky-9", "ubuntu-24.04"]);
+        for d in cat.iter().filter(|d| d.family != Family::Disk) {
             for arch in Arch::ALL {
                 assert!(d.arches.contains_key(&arch), "{} lacks {arch}", d.name);
             }
@@ -588,6 +740,12 @@ mod tests {
         assert_eq!(
             rocky.arches[&Arch::X86_64].kernel,
             "rocky/9/BaseOS/x86_64/os/images/pxeboot/vmlinuz"
+        );
+        let disk = cat.iter().find(|d| d.name == "debian-12").unwrap();
+        assert_eq!(disk.family, Family::Disk);
+        assert_eq!(
+            disk.arches[&Arch::X86_64].disk.as_deref(),
+            Some("debian-12-amd64.raw.zst")
         );
         let deb = cat.iter().find(|d| d.name == "debian-13").unwrap();
         assert_eq!(

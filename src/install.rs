@@ -428,6 +428,8 @@ pub fn render_for(ctx: &InstallContext<'_>) -> Result<Vec<(&'static str, String)
             ("meta-data", render_meta_data(ctx)?),
         ],
         Family::Preseed => vec![("preseed", render_preseed(ctx)?)],
+        // The deploy agent reads a JSON plan, not a config file.
+        Family::Disk => vec![],
     })
 }
 
@@ -603,6 +605,7 @@ mod tests {
                         .collect();
                     assert!(body.contains(indented.trim_start()), "{body}");
                 }
+                Family::Disk => unreachable!("no disk image in this list"),
             }
         }
     }

@@ -11,17 +11,23 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use super::error::{ApiError, JsonBody};
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::images::Arch;
 use crate::lifecycle::transition::Event;
 use crate::store::nodes::NodeRow;
-use crate::wire::{FirstBootReport, HealthReport, HealthStatus};
+use crate::wire::{
+    AgentFacts, DeployProgress, FailedReport, FirstBootReport, HealthReport, HealthStatus,
+};
 
 /// Routes for installers and agents.
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/cfg/{token}/{file}", get(config))
         .route("/cb/{token}/installed", post(installed))
+        .route("/cb/{token}/failed", post(failed))
+        .route("/cb/{token}/deploy", get(deploy_plan))
+        .route("/cb/{token}/deploy/facts", post(deploy_facts))
+        .route("/cb/{token}/deploy/progress", post(deploy_progress))
         .route("/cb/{token}/first-boot", post(first_boot))
         .route("/cb/{token}/health", post(health))
 }
@@ -66,7 +72,7 @@ async fn config(
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, "config").await?;
     let base = base_url(&st, &headers);
-    let text = st.render_config(&n, &file, &base, &token).await?;
+    let text = crate::provision::render_config(&st, &n, &file, &base, &token).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
 
@@ -150,4 +156,129 @@ async fn health(
         },
     };
     apply_cb(&st, &n, event).await
+}
+
+/// `POST /cb/{token}/failed`: the installer or deploy agent gave up; the node fails now
+/// with the agent's own reason, not at a deadline.
+async fn failed(
+    State(st): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    JsonBody(r): JsonBody<FailedReport>,
+) -> Result<Response, ApiError> {
+    let n = by_token(&st, &token, "failed").await?;
+    let (stage, reason) = (bounded(&r.stage, 64), bounded(&r.reason, 2000));
+    if stage.is_empty() || reason.is_empty() {
+        return Err(ApiError::bad_request("stage and reason must not be empty"));
+    }
+    tracing::warn!(node = n.id, generation = n.generation, %stage, %reason, "install failed (agent report)");
+    apply_cb(
+        &st,
+        &n,
+        Event::InstallFailed {
+            generation: n.generation,
+            stage,
+            reason,
+        },
+    )
+    .await
+}
+
+/// At most `max` bytes of `s` (on a character boundary), control characters dropped:
+/// agent text goes to the audit log and the status page.
+fn bounded(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in s.trim().chars().filter(|c| !c.is_control() || *c == ' ') {
+        if out.len() + c.len_utf8() > max {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `GET /cb/{token}/deploy`: the deploy agent's plan. Only while the node is being
+/// installed: a node in any other state has nothing to deploy.
+async fn deploy_plan(
+    State(st): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let n = by_token(&st, &token, "deploy").await?;
+    if n.state != crate::lifecycle::transition::State::Installing.as_str()
+        && n.state != crate::lifecycle::transition::State::Netbooting.as_str()
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_installing",
+            format!("node {} is {}, not installing", n.id, n.state),
+        ));
+    }
+    let base = base_url(&st, &headers);
+    let plan = crate::provision::deploy_plan(&st, &n, &base, &token).await?;
+    st.store
+        .note(
+            n.id,
+            n.generation,
+            &n.state,
+            "deploy_started",
+            "agent",
+            &format!("plan for image {}", plan.image.name),
+        )
+        .await?;
+    st.lifecycle.notify(n.id, "deploy_started", &n.state);
+    Ok(Json(plan).into_response())
+}
+
+async fn deploy_facts(
+    State(st): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    JsonBody(f): JsonBody<AgentFacts>,
+) -> Result<Response, ApiError> {
+    let n = by_token(&st, &token, "deploy facts").await?;
+    let disks: Vec<String> = f
+        .disks
+        .iter()
+        .map(|d| format!("{} {} bytes", d.name, d.size))
+        .collect();
+    let detail = format!(
+        "{} cpus, {} kB, {}; disks: {}; nics: {}",
+        f.cpus,
+        f.mem_kb,
+        f.machine,
+        disks.join(", "),
+        f.nics
+            .iter()
+            .map(|n| n.mac.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    st.store
+        .note(
+            n.id,
+            n.generation,
+            &n.state,
+            "deploy_facts",
+            "agent",
+            &bounded(&detail, 2000),
+        )
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn deploy_progress(
+    State(st): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    JsonBody(p): JsonBody<DeployProgress>,
+) -> Result<Response, ApiError> {
+    let n = by_token(&st, &token, "deploy progress").await?;
+    let mut detail = format!("{}: {}", p.stage, bounded(&p.message, 500));
+    if let Some(b) = p.bytes {
+        detail.push_str(&format!(" ({b} bytes)"));
+    }
+    let event = format!("deploy_{}", p.stage);
+    st.store
+        .note(n.id, n.generation, &n.state, &event, "agent", &detail)
+        .await?;
+    st.lifecycle.notify(n.id, &event, &n.state);
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

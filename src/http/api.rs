@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, JsonBody};
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
 use crate::store::nodes::{BmcRow, EventRow, NewNode, NodeRow};

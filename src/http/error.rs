@@ -48,6 +48,21 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<crate::provision::ProvisionError> for ApiError {
+    fn from(e: crate::provision::ProvisionError) -> Self {
+        match e {
+            crate::provision::ProvisionError::Store(s) => s.into(),
+            e if e.is_not_found() => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
+            }
+            e => {
+                tracing::error!(error = %e, "provisioning");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "provision", e.to_string())
+            }
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         if let StoreError::Db(sqlx::Error::Database(d)) = &e

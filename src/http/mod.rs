@@ -10,7 +10,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 use tower_http::services::ServeDir;
 
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::script;
 
 pub mod agent;
@@ -69,7 +69,7 @@ async fn boot_script(
         return (StatusCode::NOT_FOUND, "expected /boot/<mac>.ipxe\n").into_response();
     };
     let base = agent::base_url(&st, &headers);
-    let (action, reason) = st.boot_action(&mac, &base).await;
+    let (action, reason) = crate::provision::boot_action(&st, &mac, &base).await;
     match script::render(&mac, &action, &reason) {
         Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
         Err(e) => {

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::api::{NodeView, view};
 use super::error::ApiError;
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::store::nodes::EventRow;
 
 /// Routes of the status page.
@@ -127,5 +127,7 @@ async fn events(
         };
         Some((Ok(event), rx))
     });
+    // Ends on shutdown: an open page must not hold SIGTERM for the drain deadline.
+    let stream = futures::StreamExt::take_until(stream, st.shutdown.clone().cancelled_owned());
     Sse::new(stream).keep_alive(KeepAlive::default())
 }

@@ -283,6 +283,14 @@ pub enum Event {
     InstallerServed { generation: i64 },
     /// Callback `installed`.
     InstallFinished { generation: i64 },
+    /// Callback `failed`: the installer or deploy agent gave up at `stage` (its own
+    /// name for the step) with `reason` in its own words. Not retried: the same media
+    /// would fail the same way.
+    InstallFailed {
+        generation: i64,
+        stage: String,
+        reason: String,
+    },
     /// Callback `first-boot`: hostname and hardware facts (JSON text).
     FirstBootReported {
         generation: i64,
@@ -320,6 +328,7 @@ impl Event {
             Event::BmcStepFailed { .. } => "bmc_step_failed",
             Event::InstallerServed { .. } => "installer_served",
             Event::InstallFinished { .. } => "install_finished",
+            Event::InstallFailed { .. } => "install_failed",
             Event::FirstBootReported { .. } => "first_boot_reported",
             Event::HealthPassed { .. } => "health_passed",
             Event::HealthFailed { .. } => "health_failed",
@@ -342,6 +351,7 @@ impl Event {
             } => Some(format!("{step} (attempt {attempt}): {reason}")),
             Event::FirstBootReported { hostname, .. } => Some(format!("hostname {hostname}")),
             Event::HealthFailed { detail, .. } => Some(detail.clone()),
+            Event::InstallFailed { stage, reason, .. } => Some(format!("{stage}: {reason}")),
             Event::DeadlineExpired { state, attempt, .. } => {
                 Some(format!("{state} (attempt {attempt})"))
             }
@@ -364,6 +374,7 @@ impl Event {
         match self {
             Event::InstallerServed { generation }
             | Event::InstallFinished { generation }
+            | Event::InstallFailed { generation, .. }
             | Event::FirstBootReported { generation, .. }
             | Event::HealthPassed { generation }
             | Event::HealthFailed { generation, .. } => Some(*generation),
@@ -813,6 +824,22 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
         }
         // The installer retried its callback.
         (S::FirstBoot, E::InstallFinished { .. }) => Ok(Outcome::Ignored(Ignored::Repeated)),
+        (S::Netbooting | S::Installing, E::InstallFailed { stage, reason, .. }) => Ok(fail(
+            node,
+            policy,
+            Step::Stage(S::Installing),
+            format!("{stage}: {reason}"),
+        )),
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Reclaiming
+            | S::FirstBoot
+            | S::Failed
+            | S::Quarantined,
+            E::InstallFailed { .. },
+        ) => not_allowed(),
         (
             S::Discovered
             | S::Available
@@ -1110,6 +1137,11 @@ mod tests {
             },
             Event::InstallerServed { generation },
             Event::InstallFinished { generation },
+            Event::InstallFailed {
+                generation,
+                stage: "verify".into(),
+                reason: "sha256 mismatch".into(),
+            },
             Event::FirstBootReported {
                 generation,
                 hostname: "node-0a1b2c".into(),
@@ -1155,6 +1187,7 @@ mod tests {
             Event::Quarantined { .. } => 13,
             Event::Restored => 14,
             Event::MarkedFailed { .. } => 15,
+            Event::InstallFailed { .. } => 16,
         }
     }
 
@@ -1190,6 +1223,7 @@ mod tests {
             (S::Installing, "installer_served") => Ignored(super::Ignored::Repeated),
             (S::Netbooting | S::Installing, "install_finished") => To(S::FirstBoot, ARM),
             (S::FirstBoot, "install_finished") => Ignored(super::Ignored::Repeated),
+            (S::Netbooting | S::Installing, "install_failed") => To(S::Failed, CLEAR),
             (S::FirstBoot, "first_boot_reported") => To(S::FirstBoot, &[]),
             (S::Installing, "first_boot_reported") => To(S::FirstBoot, ARM),
             (S::FirstBoot, "health_passed") => To(S::Available, CLEAR),
@@ -1220,7 +1254,7 @@ mod tests {
             seen.sort_unstable();
             assert_eq!(
                 seen,
-                (0..16).collect::<Vec<_>>(),
+                (0..17).collect::<Vec<_>>(),
                 "one event of each variant"
             );
             for event in &events {
@@ -1268,8 +1302,8 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cells, 9 * 16);
-        assert_eq!(allowed, 35, "allowed cells");
+        assert_eq!(cells, 9 * 17);
+        assert_eq!(allowed, 37, "allowed cells");
     }
 
     /// Apply an event that must change the node; return the new record and effects.

@@ -340,6 +340,33 @@ pub async fn update_node_tx(
     Ok(r.rows_affected() == 1)
 }
 
+impl Store {
+    /// Appends an audit row that records something the node reported without
+    /// changing its state (deploy progress and facts): `from` and `to` are `state`.
+    pub async fn note(
+        &self,
+        node_id: i64,
+        generation: i64,
+        state: &str,
+        event: &str,
+        actor: &str,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        append_event(
+            &mut conn,
+            node_id,
+            generation,
+            Some(state),
+            event,
+            state,
+            actor,
+            Some(detail),
+        )
+        .await
+    }
+}
+
 /// Appends one audit row.
 #[allow(clippy::too_many_arguments)]
 pub async fn append_event(

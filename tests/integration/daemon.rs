@@ -185,3 +185,28 @@ fn systemd_unit_verifies() {
         "systemd-analyze verify: {out}{err}"
     );
 }
+
+/// An open status page (`/events`, a stream that never ends by itself) must not hold
+/// SIGTERM up for the drain deadline.
+#[test]
+fn sigterm_with_an_open_event_stream_exits_within_two_seconds() {
+    use std::io::{Read, Write};
+    let mut d = Daemon::start(&[]);
+    let mut conn = std::net::TcpStream::connect(&d.http).unwrap();
+    conn.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut head = [0u8; 512];
+    let n = conn.read(&mut head).unwrap();
+    assert!(
+        String::from_utf8_lossy(&head[..n]).contains("text/event-stream"),
+        "{}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    let (st, took) = d.stop_with(Signal::SIGTERM);
+    assert!(st.success(), "exit {st}\n{}", d.log_text());
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // And the stream was ended, not cut: the server closed it.
+    let mut rest = Vec::new();
+    let _ = conn.read_to_end(&mut rest);
+}

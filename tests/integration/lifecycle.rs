@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use pxed::app::{AppState, StoredImage};
+use pxed::images::StoredImage;
+use pxed::state::AppState;
 use pxed::bmc::{
     Bmc, BmcError, BootOverride, CheckReport, Driver, NextBoot, OverrideEnabled, PowerState,
 };
@@ -175,6 +176,7 @@ impl Harness {
                 ImportedArch {
                     kernel: file("kernel"),
                     initrd: file("initrd"),
+                    disk: None,
                 },
             );
         }

@@ -1,0 +1,312 @@
+//! Provisioning: what a node is told to boot, the install configs it reads and the
+//! deploy plan its deploy agent follows.
+//!
+//! The boot decision is committed before it is served: for a node in a reinstall,
+//! `installer_served` is applied first and the installer goes out only if that
+//! transition accepted it, so a node quarantined, failed or superseded between the
+//! read and the answer gets local boot, never an installer whose token was revoked.
+
+use crate::images::{Arch, Family, ImageError, StoredImage};
+use crate::install::{InstallContext, InstallError};
+use crate::lifecycle::transition::{Event, State};
+use crate::script::{Action, ArchBoot};
+use crate::state::AppState;
+use crate::store::StoreError;
+use crate::store::nodes::NodeRow;
+use crate::wire::{DeployPlan, DiskImageRef, PlanFile, WipePolicy};
+
+/// Why a config or plan cannot be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    #[error("node {0} has no image")]
+    NoImage(i64),
+    #[error("image {0} is not imported")]
+    NotImported(String),
+    #[error("image {image} has no media for architecture {arch}")]
+    NoArch { image: String, arch: String },
+    #[error("config {file} does not exist for a {family} image")]
+    NoSuchConfig { file: String, family: &'static str },
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    Install(#[from] InstallError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ProvisionError {
+    /// Whether the request named something that is not there (404), rather than pxed
+    /// failing to produce it (500).
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            ProvisionError::NoImage(_)
+                | ProvisionError::NotImported(_)
+                | ProvisionError::NoArch { .. }
+                | ProvisionError::NoSuchConfig { .. }
+        )
+    }
+}
+
+async fn stored_image(st: &AppState, name: &str) -> Result<StoredImage, ProvisionError> {
+    let row = st
+        .store
+        .image(name)
+        .await?
+        .ok_or_else(|| ProvisionError::NotImported(name.to_string()))?;
+    Ok(StoredImage::decode(name, &row.definition)?)
+}
+
+fn mirror(st: &AppState, base: &str) -> String {
+    st.cfg
+        .mirror_base
+        .clone()
+        .unwrap_or_else(|| format!("{base}/images/"))
+}
+
+/// What `/boot/{mac}.ipxe` tells this node to do, and why. Serving the installer
+/// to a `netbooting` node moves it to `installing`; once the installer called back,
+/// the node gets local boot, so firmware that keeps PXE first never loops.
+pub async fn boot_action(st: &AppState, mac: &str, base: &str) -> (Action, String) {
+    st.stats.scripts.inc();
+    match st.store.node_by_mac(mac).await {
+        Ok(Some(n)) => boot_action_for(st, n, base).await,
+        Ok(None) => {
+            st.stats.unknown_scripts.inc();
+            (
+                Action::Discovery,
+                "unknown machine (pxed registers machines it sees netboot over DHCP)".into(),
+            )
+        }
+        Err(e) => {
+            tracing::error!(%mac, error = %e, "loading node for boot script");
+            (
+                Action::LocalBoot,
+                "store unavailable: booting local disk".into(),
+            )
+        }
+    }
+}
+
+/// [`boot_action`] for a node row read a moment ago (it may be stale by now).
+pub async fn boot_action_for(st: &AppState, node: NodeRow, base: &str) -> (Action, String) {
+    let state = node.state.as_str();
+    if state == State::Discovered.as_str() {
+        return (
+            Action::Discovery,
+            format!("node {} was discovered and is not enrolled", node.id),
+        );
+    }
+    let installing = state == State::Netbooting.as_str() || state == State::Installing.as_str();
+    let (true, Some(token)) = (installing, node.boot_token.as_deref()) else {
+        return (Action::LocalBoot, format!("node {} is {state}", node.id));
+    };
+    let action = match install_action(st, &node, base, token).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(node = node.id, error = %e, "cannot build the install script");
+            return (Action::LocalBoot, format!("install media unavailable: {e}"));
+        }
+    };
+    // Commit first, serve second: the transition reads the node as it is now.
+    let ev = Event::InstallerServed {
+        generation: node.generation,
+    };
+    match st.lifecycle.apply(node.id, &ev, "script").await {
+        Ok(applied)
+            if applied.node.state == State::Installing.as_str()
+                && applied.node.generation == node.generation =>
+        {
+            st.stats.installers_served.inc();
+            (
+                action,
+                format!(
+                    "reinstall generation {} of node {}",
+                    node.generation, node.id
+                ),
+            )
+        }
+        Ok(applied) => {
+            st.stats.installers_refused.inc();
+            (
+                Action::LocalBoot,
+                format!("node {} is {}", node.id, applied.node.state),
+            )
+        }
+        Err(e) => {
+            st.stats.installers_refused.inc();
+            tracing::warn!(node = node.id, error = %e, "installer not served");
+            (
+                Action::LocalBoot,
+                format!("node {}: installer not served: {e}", node.id),
+            )
+        }
+    }
+}
+
+async fn install_action(
+    st: &AppState,
+    node: &NodeRow,
+    base: &str,
+    token: &str,
+) -> Result<Action, ProvisionError> {
+    let name = node.image.as_deref().ok_or(ProvisionError::NoImage(node.id))?;
+    let img = stored_image(st, name).await?;
+    let hostname = node.hostname.clone().unwrap_or_default();
+    let mirror = mirror(st, base);
+    let config_base = format!("{base}/cfg/{token}");
+    let mut arches = Vec::new();
+    for arch in Arch::ALL {
+        if !img.imported.arches.contains_key(&arch) {
+            continue;
+        }
+        let cmdline =
+            crate::images::kernel_cmdline(&img.def, arch, &mirror, &config_base, &hostname)?;
+        arches.push(ArchBoot {
+            ipxe_arch: arch.as_str(),
+            label: arch.as_str(),
+            kernel_url: format!("{base}/images/{name}/{}/kernel", arch.as_str()),
+            initrd_url: format!("{base}/images/{name}/{}/initrd", arch.as_str()),
+            cmdline,
+        });
+    }
+    if arches.is_empty() {
+        return Err(ProvisionError::NoArch {
+            image: name.to_string(),
+            arch: "any".into(),
+        });
+    }
+    Ok(Action::Install(arches))
+}
+
+/// The architecture to install on `node`: its own where the image has it, else the
+/// image's first.
+fn node_arch(node: &NodeRow, img: &StoredImage) -> Result<Arch, ProvisionError> {
+    Arch::parse(&node.arch)
+        .filter(|a| img.imported.arches.contains_key(a))
+        .or_else(|| img.imported.arches.keys().next().copied())
+        .ok_or_else(|| ProvisionError::NoArch {
+            image: img.def.name.clone(),
+            arch: node.arch.clone(),
+        })
+}
+
+fn hostname_of(node: &NodeRow) -> String {
+    node.hostname
+        .clone()
+        .unwrap_or_else(|| format!("node-{}", node.id))
+}
+
+/// The install context of `node` (hostname, URLs, keys) for `img`.
+fn context<'a>(
+    st: &AppState,
+    node: &NodeRow,
+    img: &'a StoredImage,
+    base: &str,
+    token: &str,
+) -> Result<InstallContext<'a>, ProvisionError> {
+    let arch = node_arch(node, img)?;
+    let mut ctx = InstallContext::new(
+        &img.def,
+        arch,
+        &mirror(st, base),
+        base,
+        token,
+        &hostname_of(node),
+    )?;
+    ctx.ssh_authorized_keys = st
+        .cfg
+        .ssh_authorized_keys
+        .iter()
+        .chain(&img.def.ssh_authorized_keys)
+        .cloned()
+        .collect();
+    Ok(ctx)
+}
+
+/// Renders `/cfg/{token}/{file}` for a node.
+pub async fn render_config(
+    st: &AppState,
+    node: &NodeRow,
+    file: &str,
+    base: &str,
+    token: &str,
+) -> Result<String, ProvisionError> {
+    let name = node.image.as_deref().ok_or(ProvisionError::NoImage(node.id))?;
+    let img = stored_image(st, name).await?;
+    let ctx = context(st, node, &img, base, token)?;
+    let r = match (img.def.family, file) {
+        (Family::Kickstart, "kickstart" | "ks.cfg") => crate::install::render_kickstart(&ctx),
+        (Family::Autoinstall, "user-data") => crate::install::render_user_data(&ctx),
+        (Family::Autoinstall, "meta-data") => crate::install::render_meta_data(&ctx),
+        (Family::Autoinstall, "vendor-data") => Ok(String::new()),
+        (Family::Preseed, "preseed" | "preseed.cfg") => crate::install::render_preseed(&ctx),
+        (family, _) => {
+            return Err(ProvisionError::NoSuchConfig {
+                file: file.to_string(),
+                family: family.as_str(),
+            });
+        }
+    };
+    Ok(r?)
+}
+
+/// The deploy agent's plan for `node` (a `disk` image), for `GET /cb/{token}/deploy`.
+pub async fn deploy_plan(
+    st: &AppState,
+    node: &NodeRow,
+    base: &str,
+    token: &str,
+) -> Result<DeployPlan, ProvisionError> {
+    let name = node.image.as_deref().ok_or(ProvisionError::NoImage(node.id))?;
+    let img = stored_image(st, name).await?;
+    if img.def.family != Family::Disk {
+        return Err(ProvisionError::NoSuchConfig {
+            file: "deploy".into(),
+            family: img.def.family.as_str(),
+        });
+    }
+    let ctx = context(st, node, &img, base, token)?;
+    let arch = ctx.arch;
+    let disk = img
+        .imported
+        .arches
+        .get(&arch)
+        .and_then(|a| a.disk.as_ref())
+        .ok_or_else(|| ProvisionError::NoArch {
+            image: name.to_string(),
+            arch: arch.to_string(),
+        })?;
+    let agent = crate::install::firstboot_files(&ctx)?;
+    st.stats.deploy_plans.inc();
+    Ok(DeployPlan {
+        node_id: node.id,
+        generation: node.generation,
+        hostname: ctx.hostname.clone(),
+        arch: arch.to_string(),
+        image: DiskImageRef {
+            name: name.to_string(),
+            url: format!("{base}/images/{name}/{arch}/disk.raw.zst"),
+            compression: crate::wire::Compression::Zstd,
+            size: disk.raw_size,
+            sha256: disk.raw_sha256.clone(),
+            root_partition: disk.root_partition,
+        },
+        wipe: WipePolicy::Signatures,
+        target_disk: None,
+        ssh_authorized_keys: ctx.ssh_authorized_keys.clone(),
+        files: vec![
+            PlanFile {
+                path: crate::install::AGENT_SCRIPT_PATH.into(),
+                mode: 0o755,
+                content: format!("{}\n", agent.script),
+            },
+            PlanFile {
+                path: crate::install::AGENT_UNIT_PATH.into(),
+                mode: 0o644,
+                content: format!("{}\n", agent.unit),
+            },
+        ],
+        enable_units: vec!["pxed-firstboot.service".into()],
+    })
+}

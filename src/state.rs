@@ -1,0 +1,137 @@
+//! The state shared by the HTTP handlers, the discovery task and the workers.
+
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::discovery::Discovery;
+use crate::lifecycle::transition::Policy;
+use crate::lifecycle::worker::{BmcConnector, Lifecycle};
+use crate::metrics::{Counter, Render, sample};
+use crate::store::{Store, StoreError};
+
+/// Counters of the HTTP side.
+#[derive(Debug, Default)]
+pub struct AppStats {
+    pub stale_tokens: Counter,
+    pub scripts: Counter,
+    pub installers_served: Counter,
+    /// Installers not served because the node changed between the read and the
+    /// `installer_served` transition (quarantined, failed, superseded).
+    pub installers_refused: Counter,
+    /// Script fetches from MACs pxed does not know (answered, never stored).
+    pub unknown_scripts: Counter,
+    pub deploy_plans: Counter,
+}
+
+/// State shared by the HTTP handlers and workers.
+#[derive(Debug)]
+pub struct AppState {
+    pub cfg: Arc<Config>,
+    pub store: Store,
+    pub lifecycle: Arc<Lifecycle>,
+    pub api_token: String,
+    pub stats: AppStats,
+    pub renders: Mutex<Vec<Arc<dyn Render>>>,
+    /// Fires when pxed shuts down (long-lived responses such as `/events` end on it).
+    pub shutdown: CancellationToken,
+    /// Unknown netboot clients seen by DHCP become `discovered` nodes.
+    pub discovery: Discovery,
+}
+
+impl AppState {
+    /// Builds the state; `bmcs` is the BMC connector (tests pass a recording double).
+    pub fn new(
+        cfg: Arc<Config>,
+        store: Store,
+        bmcs: Arc<dyn BmcConnector>,
+        api_token: String,
+        cancel: CancellationToken,
+    ) -> Arc<AppState> {
+        let policy = Policy::from_config(&cfg.lifecycle);
+        let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
+        Arc::new(AppState {
+            cfg,
+            store,
+            lifecycle,
+            api_token,
+            stats: AppStats::default(),
+            renders: Mutex::new(Vec::new()),
+            shutdown: cancel,
+            discovery: Discovery::default(),
+        })
+    }
+
+    /// Prometheus text for every component.
+    pub fn render_metrics(&self) -> String {
+        let mut out = String::new();
+        let s = &self.stats;
+        for (name, help, c) in [
+            (
+                "pxed_http_boot_scripts_total",
+                "Per-node iPXE scripts served",
+                &s.scripts,
+            ),
+            (
+                "pxed_http_installers_served_total",
+                "Scripts that started an install",
+                &s.installers_served,
+            ),
+            (
+                "pxed_http_installers_refused_total",
+                "Installers not served because the node changed meanwhile",
+                &s.installers_refused,
+            ),
+            (
+                "pxed_http_unknown_scripts_total",
+                "Script fetches from unknown MACs (answered, not stored)",
+                &s.unknown_scripts,
+            ),
+            (
+                "pxed_deploy_plans_total",
+                "Deploy plans handed to deploy agents",
+                &s.deploy_plans,
+            ),
+            (
+                "pxed_callbacks_stale_token_total",
+                "Callbacks and configs refused for an unknown or stale token",
+                &s.stale_tokens,
+            ),
+            (
+                "pxed_nodes_discovered_total",
+                "Unknown machines registered as discovered",
+                &self.discovery.discovered,
+            ),
+        ] {
+            sample(&mut out, name, help, "counter", c.get());
+        }
+        for r in self.renders.lock().expect("lock").iter() {
+            r.render(&mut out);
+        }
+        out
+    }
+
+    /// `http://server_ip[:port]` when the request did not say which host it reached.
+    pub fn default_base_url(&self) -> String {
+        let ip = self
+            .cfg
+            .server_ip
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| self.cfg.http.ip().to_string());
+        match self.cfg.http.port() {
+            80 => format!("http://{ip}"),
+            p => format!("http://{ip}:{p}"),
+        }
+    }
+
+    /// Whether an image has been imported.
+    pub async fn image_exists(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(self.store.image(name).await?.is_some())
+    }
+
+    /// Drops MACs from the discovery cache (their node was deleted).
+    pub fn forget_macs(&self, macs: &[String]) {
+        self.discovery.forget(macs);
+    }
+}
