@@ -8,7 +8,8 @@ PEERS_DIR=${PEERS_DIR:-/tmp/pxed-peers}
 pkgs=(iproute2 dnsmasq-base isc-dhcp-client dhcpcd-base udhcpc busybox-static
       tftp-hpa atftp tftpd-hpa curl openipmi ipmitool kea-admin
       systemd python3-venv ca-certificates shellcheck cloud-init python3-jsonschema python3-yaml
-      debconf openssl chromium qemu-system-x86 ovmf qemu-system-arm qemu-efi-aarch64 ipxe-qemu)
+      debconf openssl chromium ovmf qemu-efi-aarch64 ipxe-qemu
+      debootstrap mtools dosfstools grub-efi-amd64-bin zstd fdisk e2fsprogs cpio kmod)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -17,6 +18,27 @@ if [ ${#missing[@]} -gt 0 ]; then
   trap 'rm -f /usr/sbin/policy-rc.d' EXIT
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# QEMU: both system emulators from one release. The machine image ships qemu-utils
+# from bookworm-backports, and a backports qemu-system-x86 cannot sit beside
+# bookworm's qemu-system-arm (they share qemu-system-common): take both from backports
+# where the archive has them, else both from bookworm.
+if ! dpkg -s qemu-system-x86 >/dev/null 2>&1 || ! dpkg -s qemu-system-arm >/dev/null 2>&1; then
+  bpo=$(mktemp -d)
+  grep -h '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null > "$bpo/sources.list" || true
+  if [ ! -s "$bpo/sources.list" ]; then
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main" > "$bpo/sources.list"
+  fi
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main" >> "$bpo/sources.list"
+  aptb=(apt-get -o Dir::Etc::sourcelist="$bpo/sources.list" -o Dir::Etc::sourceparts=- -o Dir::State::lists="$bpo/lists" -o APT::Sandbox::User=root)
+  mkdir -p "$bpo/lists/partial"
+  if "${aptb[@]}" update -qq && DEBIAN_FRONTEND=noninteractive "${aptb[@]}" install -y -qq --no-install-recommends \
+       -t bookworm-backports qemu-system-x86 qemu-system-arm; then
+    echo "qemu-system from bookworm-backports"
+  else
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 qemu-system-arm
+  fi
+  rm -rf "$bpo"
 fi
 # cloud-init is installed only for `cloud-init schema`; never let it act on this machine.
 mkdir -p /etc/cloud && touch /etc/cloud/cloud-init.disabled

@@ -1116,7 +1116,10 @@ mod tests {
             let e = load(None, vars.clone(), &Flags::default())
                 .unwrap_err()
                 .to_string();
-            assert!(e.contains("PXED_DHCP__MODE") || e.contains("deadlines"), "{vars:?}: {e}");
+            assert!(
+                e.contains("PXED_DHCP__MODE") || e.contains("deadlines"),
+                "{vars:?}: {e}"
+            );
         }
     }
 
@@ -1157,7 +1160,9 @@ mod tests {
         for key in ENV_KEYS {
             let var = format!(
                 "PXED_{}",
-                key.replace(".*", "__x").replace('.', "__").to_ascii_uppercase()
+                key.replace(".*", "__x")
+                    .replace('.', "__")
+                    .to_ascii_uppercase()
             );
             if let Err(e) = load(None, env(&[(&var, "1")]), &Flags::default()) {
                 let e = e.to_string();

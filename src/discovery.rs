@@ -103,6 +103,11 @@ mod tests {
         assert!(d.cached() <= KNOWN_MACS_CAP);
         assert!(d.cached() >= 10);
         d.forget(&[format!("m{}", KNOWN_MACS_CAP + 9)]);
-        assert!(!d.known.lock().unwrap().contains(&format!("m{}", KNOWN_MACS_CAP + 9)));
+        assert!(
+            !d.known
+                .lock()
+                .unwrap()
+                .contains(&format!("m{}", KNOWN_MACS_CAP + 9))
+        );
     }
 }

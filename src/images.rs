@@ -369,7 +369,11 @@ pub fn validate(def: &ImageDef) -> Result<(), ImageError> {
         check_rel_path(n, &f("initrd"), &a.initrd)?;
         if def.family == Family::Disk {
             let (Some(disk), Some(manifest)) = (&a.disk, &a.disk_manifest) else {
-                return Err(invalid(n, f("disk"), "a disk image needs disk and disk_manifest"));
+                return Err(invalid(
+                    n,
+                    f("disk"),
+                    "a disk image needs disk and disk_manifest",
+                ));
             };
             check_rel_path(n, &f("disk"), disk)?;
             check_rel_path(n, &f("disk_manifest"), manifest)?;

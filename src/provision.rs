@@ -150,7 +150,10 @@ async fn install_action(
     base: &str,
     token: &str,
 ) -> Result<Action, ProvisionError> {
-    let name = node.image.as_deref().ok_or(ProvisionError::NoImage(node.id))?;
+    let name = node
+        .image
+        .as_deref()
+        .ok_or(ProvisionError::NoImage(node.id))?;
     let img = stored_image(st, name).await?;
     let hostname = node.hostname.clone().unwrap_or_default();
     let mirror = mirror(st, base);
@@ -232,7 +235,10 @@ pub async fn render_config(
     base: &str,
     token: &str,
 ) -> Result<String, ProvisionError> {
-    let name = node.image.as_deref().ok_or(ProvisionError::NoImage(node.id))?;
+    let name = node
+        .image
+        .as_deref()
+        .ok_or(ProvisionError::NoImage(node.id))?;
     let img = stored_image(st, name).await?;
     let ctx = context(st, node, &img, base, token)?;
     let r = match (img.def.family, file) {
@@ -258,7 +264,10 @@ pub async fn deploy_plan(
     base: &str,
     token: &str,
 ) -> Result<DeployPlan, ProvisionError> {
-    let name = node.image.as_deref().ok_or(ProvisionError::NoImage(node.id))?;
+    let name = node
+        .image
+        .as_deref()
+        .ok_or(ProvisionError::NoImage(node.id))?;
     let img = stored_image(st, name).await?;
     if img.def.family != Family::Disk {
         return Err(ProvisionError::NoSuchConfig {

@@ -11,9 +11,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use super::error::{ApiError, JsonBody};
-use crate::state::AppState;
 use crate::images::Arch;
 use crate::lifecycle::transition::Event;
+use crate::state::AppState;
 use crate::store::nodes::NodeRow;
 use crate::wire::{
     AgentFacts, DeployProgress, FailedReport, FirstBootReport, HealthReport, HealthStatus,

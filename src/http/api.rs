@@ -11,9 +11,9 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, JsonBody};
-use crate::state::AppState;
 use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
+use crate::state::AppState;
 use crate::store::nodes::{BmcRow, EventRow, NewNode, NodeRow};
 
 /// Routes under `/api/v1` (auth applied by the caller).

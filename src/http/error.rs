@@ -57,7 +57,11 @@ impl From<crate::provision::ProvisionError> for ApiError {
             }
             e => {
                 tracing::error!(error = %e, "provisioning");
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "provision", e.to_string())
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "provision",
+                    e.to_string(),
+                )
             }
         }
     }

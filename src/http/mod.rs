@@ -10,8 +10,8 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 use tower_http::services::ServeDir;
 
-use crate::state::AppState;
 use crate::script;
+use crate::state::AppState;
 
 pub mod agent;
 pub mod api;

@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use pxed::images::StoredImage;
-use pxed::state::AppState;
 use pxed::bmc::{
     Bmc, BmcError, BootOverride, CheckReport, Driver, NextBoot, OverrideEnabled, PowerState,
 };
 use pxed::config::{self, Flags};
+use pxed::images::StoredImage;
 use pxed::images::{Arch, ImportedArch, ImportedFile, ImportedImage};
 use pxed::lifecycle::worker::{BmcConnector, ConnectError};
+use pxed::state::AppState;
 use pxed::store::Store;
 use serde_json::{Value, json};
 
@@ -716,4 +716,126 @@ async fn lost_installed_callback_does_not_reinstall() {
     let n = h.node(id).await;
     assert_eq!(n["failed_step"], "first_boot");
     assert_eq!(n["failed_reason"], "nvidia-smi: no devices");
+}
+
+/// The boot decision is committed before it is served: a node read as `netbooting`
+/// that was quarantined before the script went out gets local boot, not an installer
+/// whose token is already revoked.
+#[tokio::test]
+async fn a_node_changed_after_the_read_is_not_served_the_installer() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:21";
+    let id = h.register(mac).await;
+    h.api(
+        reqwest::Method::POST,
+        &format!("/nodes/{id}/reinstall"),
+        Some(json!({"image": "rocky-9"})),
+        None,
+    )
+    .await;
+    h.wait_state(id, "netbooting").await;
+    // The read the script handler would make...
+    let stale = h.st.store.node_by_mac(mac).await.unwrap().unwrap();
+    assert_eq!(stale.state, "netbooting");
+    assert!(stale.boot_token.is_some());
+    // ...then an operator quarantines the node before the answer goes out.
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/actions/quarantine"),
+            Some(json!({"reason": "GPU fell off the bus"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (action, reason) = pxed::provision::boot_action_for(&h.st, stale, "http://127.0.0.1").await;
+    assert_eq!(action, pxed::script::Action::LocalBoot, "{reason}");
+    assert!(
+        reason.contains("quarantined") || reason.contains("not served"),
+        "{reason}"
+    );
+    let n = h.node(id).await;
+    assert_eq!(n["state"], "quarantined");
+    let metrics = h.get_text("/metrics").await.1;
+    assert!(
+        metrics.contains("pxed_http_installers_refused_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("pxed_http_installers_served_total 0"),
+        "{metrics}"
+    );
+}
+
+/// Unknown MACs fetching a script are answered and counted, never stored: nobody on
+/// the VLAN can fill the inventory over HTTP.
+#[tokio::test]
+async fn unknown_script_fetches_are_not_stored() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    for i in 0..50 {
+        let (s, script) = h
+            .get_text(&format!("/boot/52:54:00:ee:00:{i:02x}.ipxe"))
+            .await;
+        assert_eq!(s, 200);
+        assert!(script.starts_with("#!ipxe"), "{script}");
+    }
+    let (s, v) = h.api(reqwest::Method::GET, "/nodes", None, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v.as_array().map(Vec::len), Some(0), "{v}");
+    let metrics = h.get_text("/metrics").await.1;
+    assert!(
+        metrics.contains("pxed_http_unknown_scripts_total 50"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("pxed_nodes_discovered_total 0"),
+        "{metrics}"
+    );
+}
+
+/// An agent that reports `failed` ends the install at once with its own words; no
+/// retry (the same media would fail the same way), and a stale token changes nothing.
+#[tokio::test]
+async fn an_agent_failure_fails_the_node_at_once() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:22";
+    let id = h.register(mac).await;
+    h.api(
+        reqwest::Method::POST,
+        &format!("/nodes/{id}/reinstall"),
+        Some(json!({"image": "rocky-9"})),
+        None,
+    )
+    .await;
+    h.wait_state(id, "netbooting").await;
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    let token = token_from_script(&script);
+    let (s, v) = h
+        .post(&format!("/cb/{token}/failed"), json!({"stage": "verify"}))
+        .await;
+    assert!(
+        (400..500).contains(&s) && v["error"] == "bad_request",
+        "missing reason is a JSON error: {s} {v}"
+    );
+    let (s, v) = h
+        .post(
+            &format!("/cb/{token}/failed"),
+            json!({"stage": "verify", "reason": "sha256 mismatch: expected ab.., wrote cd.."}),
+        )
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("failed")), "{v}");
+    let n = h.node(id).await;
+    assert_eq!(n["failed_step"], "installing");
+    assert_eq!(
+        n["failed_reason"],
+        "verify: sha256 mismatch: expected ab.., wrote cd.."
+    );
+    assert_eq!(n["attempt"], 0, "agent failures are not retried");
+    let (s, _) = h
+        .post(
+            &format!("/cb/{token}/failed"),
+            json!({"stage": "write", "reason": "again"}),
+        )
+        .await;
+    assert_eq!(s, 403, "the token was revoked with the failure");
 }
