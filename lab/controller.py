@@ -146,6 +146,7 @@ class VmSpec:
         self.qmp = lab.p(f"{self.name}.qmp")
         self.qemu_log = lab.p(f"{self.name}.qemu.log")
         self.vars = lab.p(f"{self.name}.vars.fd")
+        self.firmware_log = lab.p(f"{self.name}.firmware.log")
         self.lab = lab
 
 
@@ -158,7 +159,9 @@ def qemu_command(vm, boot):
         cmd += ["-drive", f"if=pflash,format=raw,readonly=on,file={fw['code']}",
                 "-drive", f"if=pflash,format=raw,file={vm.vars}"]
     else:
-        cmd += ["-bios", fw["bios"]]
+        # SeaBIOS prints to VGA only: its debug port (0x402) gives the boot decisions in a file
+        cmd += ["-bios", fw["bios"], "-chardev", f"file,id=fwlog,path={vm.firmware_log},append=on",
+                "-device", "isa-debugcon,iobase=0x402,chardev=fwlog"]
     nic_bi = ",bootindex=0" if boot == "network" else ""
     disk_bi = ",bootindex=1" if boot == "network" else ",bootindex=0"
     rom = "" if vm.romfile is None else f",romfile={vm.romfile}"
@@ -241,6 +244,12 @@ def kill_pid(pid, timeout=5.0, proc=None):
                 break
             time.sleep(0.05)
     return "SIGKILL"
+
+
+def tap_exists(tap, ns):
+    if not ns or ns == os.environ.get(IN_NETNS_ENV):
+        return os.path.exists(f"/sys/class/net/{tap}")
+    return subprocess.run(["ip", "-n", ns, "link", "show", tap], capture_output=True).returncode == 0
 
 
 def netns_wrap(ns, cmd):
@@ -489,31 +498,53 @@ class Controller:
         vm.boot_device = system.get("boot_device", "Hdd")
         vm.bmc_power = new
         bmc = {"power_state": new, "pending_power": vm.pending, "boot_device": vm.boot_device}
+        if system.get("boot_mode"):
+            bmc["boot_mode"] = system["boot_mode"]
+        if vm.pending:
+            asked = f"power {vm.pending.get('power_state')} (applies at {iso(float(vm.pending.get('apply_time', 0)))})"
+        elif new != old:
+            asked = f"power {new}"
+        else:
+            asked = f"boot {vm.boot_device}" + (f" {system['boot_mode']}" if system.get("boot_mode") else "")
         if new == old:
-            vm.log(bmc=bmc, action="none", why="power unchanged")
+            vm.log(asked=asked, bmc=bmc, action="none", why="power unchanged")
             return
         if new == "On":
             if vm.proc is not None:
-                vm.log(bmc=bmc, action="none", why="already running", boot=vm.boot)
+                vm.log(asked=asked, bmc=bmc, action="none", why="already running", boot=vm.boot)
                 return
-            self.start_vm(vm, bmc, reason="power-on")
+            self.start_vm(vm, bmc, reason="power-on", asked=asked)
         elif new == "Off":
             if vm.proc is None:
-                vm.log(bmc=bmc, action="none", why="already stopped")
+                vm.log(asked=asked, bmc=bmc, action="none", why="already stopped")
                 return
             how = self.stop_vm(vm)
-            vm.log(bmc=bmc, action="stop", how=how, why="power-off")
+            vm.log(asked=asked, bmc=bmc, action="stop", how=how, why="power-off")
 
     def boot_for(self, target):
         if target == "Pxe":
             return "network"
         return "disk"  # Hdd, None, Cd (no virtual media here), UefiHttp is turned into Pxe by sushy
 
-    def start_vm(self, vm, bmc, reason):
+    def start_vm(self, vm, bmc, reason, asked=None):
         s = vm.spec
         target = bmc.get("boot_device") or "Hdd"
         boot = self.boot_for(target)
+        extra = {}
+        if asked:
+            extra["asked"] = asked
+        fw_mode = "Legacy" if s.firmware == "seabios" else "UEFI"
+        if bmc.get("boot_mode") and bmc["boot_mode"] != fw_mode:
+            extra["note"] = f"BootSourceOverrideMode {bmc['boot_mode']} ignored: {s.firmware} is {fw_mode}"
+        if target not in ("Pxe", "Hdd", "None"):
+            extra["note"] = f"target {target} not emulated: booting the disk"
         cmd = netns_wrap(s.netns, qemu_command(s, boot))
+        if not tap_exists(s.tap, s.netns):
+            # QEMU (as root) would create a fresh tap on no bridge: a VM on no network
+            vm.log(bmc=bmc, action="start-failed", boot=boot, reason=reason,
+                   detail=f"tap {s.tap} does not exist in netns {s.netns or '(host)'}", **extra)
+            self.report_off(vm, "tap missing")
+            return
         qlog = open(s.qemu_log, "ab")
         qlog.write(f"\n=== {iso(now())} start boot={boot} reason={reason}\n{shlex.join(cmd)}\n".encode())
         qlog.flush()
@@ -524,7 +555,7 @@ class Controller:
                                     start_new_session=True)
         except OSError as e:
             qlog.close()
-            vm.log(bmc=bmc, action="start-failed", boot=boot, reason=reason, detail=str(e))
+            vm.log(bmc=bmc, action="start-failed", boot=boot, reason=reason, detail=str(e), **extra)
             self.report_off(vm, "qemu could not be started")
             return
         qlog.close()
@@ -535,7 +566,7 @@ class Controller:
         if boot == "network":
             vm.network_boots += 1
         write_pid(s.pidfile + ".ctl", proc.pid)  # QEMU writes s.pidfile itself; this one exists at once
-        vm.log(bmc=bmc, action="start", boot=boot, reason=reason, pid=proc.pid, target=target)
+        vm.log(bmc=bmc, action="start", boot=boot, reason=reason, pid=proc.pid, target=target, **extra)
         threading.Thread(target=self.watch, args=(vm, proc, vm.gen), daemon=True, name=f"qmp-{s.name}").start()
         if boot == "network" and self.lab.override == "once":
             # the one-time override is consumed by this boot: the next boot is from the disk
@@ -601,10 +632,20 @@ class Controller:
             st, sysd = self.rf.system(vm.spec.uuid)
             target = sysd.get("Boot", {}).get("BootSourceOverrideTarget") if st == 200 and isinstance(sysd, dict) else vm.boot_device
             bmc = {"power_state": vm.bmc_power, "boot_device": target or "Hdd", "source": "GET after guest reset"}
+            if st == 200 and isinstance(sysd, dict) and sysd.get("Boot", {}).get("BootSourceOverrideMode"):
+                bmc["boot_mode"] = sysd["Boot"]["BootSourceOverrideMode"]
             self.start_vm(vm, bmc, reason="guest-reset")
             return
         why = {"guest-shutdown": "guest powered off", "guest-panic": "guest panicked"}.get(reason, f"qemu exited ({reason}, rc={rc})")
-        vm.log(action="exited", qemu_reason=reason, rc=rc, boot=vm.boot, why=why)
+        extra = {}
+        if reason is None and rc != 0:
+            try:
+                with open(vm.spec.qemu_log, "rb") as f:
+                    f.seek(max(0, os.path.getsize(vm.spec.qemu_log) - 400))
+                    extra["qemu_output"] = f.read().decode(errors="replace").strip().splitlines()[-3:]
+            except OSError:
+                pass
+        vm.log(action="exited", qemu_reason=reason, rc=rc, boot=vm.boot, why=why, **extra)
         self.report_off(vm, why)
 
     def report_off(self, vm, why):

@@ -12,6 +12,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 NS=pxlabtest TAP=pxlt0 MAC=52:54:00:98:00:11 UUID=98989898-0000-4000-8000-000000000011
+MAC2=52:54:00:98:00:12 UUID2=98989898-0000-4000-8000-000000000012 UUID3=98989898-0000-4000-8000-000000000013 UUID4=98989898-0000-4000-8000-000000000014
 W=$(mktemp -d /tmp/pxlab-selftest.XXXXXX)
 LAB=$W/lab.json EV=$W/state/node1.events.jsonl DLOG=$W/dnsmasq.log
 T0=$(date +%s.%N)
@@ -56,6 +57,8 @@ ip -n "$NS" addr add 10.98.0.1/24 dev br0
 ip -n "$NS" link set br0 up
 ip -n "$NS" tuntap add dev "$TAP" mode tap
 ip -n "$NS" link set "$TAP" master br0 up
+ip -n "$NS" tuntap add dev pxlt1 mode tap
+ip -n "$NS" link set pxlt1 master br0 up
 
 # ---- dnsmasq: DHCP + TFTP; UEFI PXE gets snponly.efi, iPXE then gets boot.ipxe
 mkdir -p "$W/tftp"
@@ -86,7 +89,13 @@ cat > "$LAB" <<JSON
   "vms": [
     {"name": "node1", "uuid": "$UUID", "mac": "$MAC", "firmware": "ovmf",
      "disk": "$W/node1.qcow2", "disk_size": "1G", "tap": "$TAP", "memory": 512,
-     "console": "$W/node1.console.log"}
+     "console": "$W/node1.console.log"},
+    {"name": "node2", "uuid": "$UUID2", "mac": "$MAC2", "firmware": "seabios", "nic": "e1000",
+     "disk": "$W/node2.raw", "disk_size": "64M", "tap": "pxlt1", "memory": 256},
+    {"name": "node3", "uuid": "$UUID3", "mac": "52:54:00:98:00:13", "firmware": "ovmf",
+     "disk": "$W/node3.qcow2", "disk_size": "64M", "tap": "pxlt-missing"},
+    {"name": "node4", "uuid": "$UUID4", "mac": "52:54:00:98:00:14", "firmware": "ovmf",
+     "disk": "$W/node4.qcow2", "disk_size": "64M", "tap": "pxlt0", "extra_args": ["-device", "no-such-device"]}
   ]
 }
 JSON
@@ -107,13 +116,13 @@ n=0
 for l in open(sys.argv[1]):
     r=json.loads(l)
     if eval(sys.argv[2]): n+=1
-print(n)' "$EV" "$1" 2>/dev/null || echo 0; }
+print(n)' "${EVF:-$EV}" "$1" 2>/dev/null || echo 0; }
 # wait until cmd succeeds; $1 = timeout s
 waitfor() { local t=$1; shift; local end=$(( $(date +%s) + t )); while [ "$(date +%s)" -lt "$end" ]; do "$@" && return 0; sleep 0.5; done; return 1; }
 qemu_pid() { cat "$W/state/node1.qemu.pid.ctl" 2>/dev/null; }
 qemu_running() { local p; p=$(qemu_pid); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
 ev_ge() { [ "$(evcount "$1")" -ge "$2" ]; }
-disc_count() { grep -ci "DHCPDISCOVER(br0) $MAC" "$DLOG" 2>/dev/null || true; }
+disc_count() { grep -ci "DHCPDISCOVER(br0) ${2:-$MAC}" "$DLOG" 2>/dev/null || true; }
 pxeclient_seen() { grep -q "vendor class: PXEClient" "$DLOG" 2>/dev/null && [ "$(disc_count)" -ge "${1:-1}" ]; }
 power_is() { [ "$(power | cut -d' ' -f1)" = "$1" ]; }
 
@@ -174,11 +183,61 @@ if [ -z "${SKIP_IPXE:-}" ]; then
   [ "$(evcount 'r.get("action")=="start" and r.get("boot")=="network"')" = 2 ] && ok "exactly two network boots (one per Pxe/Once)" || bad "network boots != 2"
 fi
 
-# ---- clean shutdown of the controller
+# ---- 5: SeaBIOS + iPXE ROM (e1000): network boot; iPXE runs boot.ipxe (`reboot`; this old ROM has no
+#      poweroff) -> guest-reset -> restart from the disk (what SeaBIOS then does is in its debug log)
+if [ -z "${SKIP_SEABIOS:-}" ]; then
+  S1=$S; S=http://127.0.0.1:8000/redfish/v1/Systems/$UUID2; EVF=$W/state/node2.events.jsonl
+  printf '#!ipxe\necho PXLAB reboot\nreboot\n' > "$W/tftp/boot.ipxe"
+  say "step 5 (seabios): PATCH Pxe/Once Legacy -> $(rf -o /dev/null -w '%{http_code}' -X PATCH \
+      -d '{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once","BootSourceOverrideMode":"Legacy"}}' "$S"); Reset On -> $(reset On)"; t5=$(date +%s.%N)
+  waitfor 20 ev_ge 'r.get("action")=="start" and r.get("boot")=="network"' 1 && ok "seabios VM started with network boot" || bad "seabios: no network start"
+  if waitfor 60 bash -c "[ \$(grep -ci 'DHCPDISCOVER(br0) $MAC2' '$DLOG') -ge 1 ]"; then
+    ok "dnsmasq saw a DHCPDISCOVER from the iPXE ROM ($MAC2) $(echo "$(date +%s.%N) - $t5" | bc | cut -c1-5) s after Reset On"
+  else bad "seabios: no DHCPDISCOVER from $MAC2"; fi
+  if [ -z "${SKIP_IPXE:-}" ]; then
+    if waitfor 60 ev_ge 'r.get("action")=="start" and r.get("reason")=="guest-reset" and r.get("boot")=="disk"' 1; then
+      ok "seabios: iPXE reboot -> restarted from disk $(echo "$(date +%s.%N) - $t5" | bc | cut -c1-5) s after Reset On"
+    else bad "seabios: no disk restart"; fi
+    printf '#!ipxe\necho PXLAB idle\nsleep 600\n' > "$W/tftp/boot.ipxe"
+    sleep 12
+    say "seabios firmware log, disk boot: $(grep -a -E '^Booting from|^Searching bootorder|^Boot failed|bootorder' "$W/state/node2.firmware.log" | tail -n 4 | tr '\n' '|')"
+  fi
+  reset ForceOff >/dev/null; waitfor 20 power_is Off && ok "seabios: ForceOff -> Off" || bad "seabios: still on"
+  S=$S1; EVF=
+fi
+
+# ---- 6: QEMU that cannot start (tap missing) -> the BMC goes back Off
+S1=$S; S=http://127.0.0.1:8000/redfish/v1/Systems/$UUID3; EVF=$W/state/node3.events.jsonl
+say "step 6 (tap missing): Reset On -> $(reset On)"
+waitfor 30 ev_ge 'r.get("action")=="bmc-force-off"' 1 && waitfor 20 power_is Off \
+  && ok "start refused: $(grep '"start-failed"' "$EVF" | python3 -c 'import sys,json;print(json.loads(sys.stdin.readline())["detail"])'); BMC Off" \
+  || bad "tap-missing VM not reported Off"
+S=$S1; EVF=
+S1=$S; S=http://127.0.0.1:8000/redfish/v1/Systems/$UUID4; EVF=$W/state/node4.events.jsonl
+say "step 6b (QEMU exits at once: bad -device): Reset On -> $(reset On)"
+waitfor 30 ev_ge 'r.get("action")=="bmc-force-off"' 1 && waitfor 20 power_is Off \
+  && ok "QEMU failure reported: $(grep '"exited"' "$EVF" | python3 -c 'import sys,json;r=json.loads(sys.stdin.readline());print(r["why"], r.get("qemu_output",[""])[-1][:90])'); BMC Off" \
+  || bad "crashing VM not reported Off"
+S=$S1; EVF=
+
+# ---- clean shutdown of the controller with a VM running
+say "Reset On (disk) -> $(reset On)"; waitfor 20 qemu_running || bad "node1 not running"
 kill -TERM "$CPID"; waitfor 20 bash -c "! kill -0 $CPID 2>/dev/null" && ok "controller exited on SIGTERM" || bad "controller still running"
 CPID=
 sleep 0.5
-pgrep -f "$W/state" >/dev/null && bad "processes of the lab left: $(pgrep -af "$W/state")" || ok "no sushy/QEMU process left"
-say "notification payloads: $(wc -l < "$W/state/notifications.jsonl"); events: $(wc -l < "$EV")"
-[ -n "${KEEP:-}" ] && cat "$EV" | cut -c1-220
+pgrep -f "$W/state" >/dev/null && bad "processes of the lab left: $(pgrep -af "$W/state")" || ok "no sushy/QEMU process left after SIGTERM"
+[ "$(evcount 'r.get("why")=="controller shutdown"')" = 1 ] && ok "event log: stop on controller shutdown" || bad "no controller-shutdown stop"
+say "notification payloads: $(wc -l < "$W/state/notifications.jsonl"); events node1: $(wc -l < "$EV")"
+[ -n "${KEEP:-}" ] && cut -c1-240 "$EV"
+
+# ---- 7: a crashed controller (SIGKILL) leaves sushy + QEMU: `stop --lab` removes them
+python3 "$here/controller.py" start --lab "$LAB" >> "$W/controller.out" 2>&1 &
+CPID=$!
+waitfor 30 test -f "$W/state/ready" || bad "controller restart"
+: > "$EV"
+say "step 7: Reset On -> $(reset On)"; waitfor 20 qemu_running || bad "node1 not running"
+kill -KILL "$CPID"; sleep 0.5; CPID=
+pgrep -f "$W/state" >/dev/null && ok "after SIGKILL of the controller: $(pgrep -f "$W/state" | wc -l) processes left" || bad "nothing left to clean?"
+say "stop: $(python3 "$here/controller.py" stop --lab "$LAB")"
+pgrep -f "$W/state" >/dev/null && bad "processes left after stop: $(pgrep -af "$W/state")" || ok "controller.py stop removed sushy and QEMU"
 true
