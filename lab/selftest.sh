@@ -236,7 +236,7 @@ CPID=$!
 waitfor 30 test -f "$W/state/ready" || bad "controller restart"
 : > "$EV"
 say "step 7: Reset On -> $(reset On)"; waitfor 20 qemu_running || bad "node1 not running"
-kill -KILL "$CPID"; sleep 0.5; CPID=
+{ kill -KILL "$CPID"; wait "$CPID"; } 2>/dev/null; sleep 0.5; CPID=
 pgrep -f "$W/state" >/dev/null && ok "after SIGKILL of the controller: $(pgrep -f "$W/state" | wc -l) processes left" || bad "nothing left to clean?"
 say "stop: $(python3 "$here/controller.py" stop --lab "$LAB")"
 pgrep -f "$W/state" >/dev/null && bad "processes left after stop: $(pgrep -af "$W/state")" || ok "controller.py stop removed sushy and QEMU"
