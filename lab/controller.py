@@ -716,6 +716,9 @@ def cmd_stop(args, quiet=False):
             done.append(f"{name}:{pid}:{how}")
         if os.path.exists(path) and not (pid and pid_alive(pid)):
             os.unlink(path)
+    ctl = read_pid(lab.p("controller.pid"))
+    if not (ctl and pid_alive(ctl)) and os.path.exists(lab.p("ready")):
+        os.unlink(lab.p("ready"))
     # QEMUs whose pid files are gone but which still carry this lab's names and state dir
     for pid_s in os.listdir("/proc"):
         if not pid_s.isdigit():

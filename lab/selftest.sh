@@ -222,6 +222,8 @@ S=$S1; EVF=
 
 # ---- clean shutdown of the controller with a VM running
 say "Reset On (disk) -> $(reset On)"; waitfor 20 qemu_running || bad "node1 not running"
+st=$(python3 "$here/controller.py" status --lab "$LAB" | tr -d ' \n')
+case "$st" in *'"node1":{"qemu_pid":'[0-9]*'"power":"On","target":"Hdd"'*) ok "status: $st";; *) bad "status: $st";; esac
 kill -TERM "$CPID"; waitfor 20 bash -c "! kill -0 $CPID 2>/dev/null" && ok "controller exited on SIGTERM" || bad "controller still running"
 CPID=
 sleep 0.5
