@@ -11,8 +11,8 @@
 
 use crate::hostname::is_valid_label;
 use crate::images::{Arch, Family, ImageDef, ImageError, mirror_url};
-use askama::Template;
 use crate::wire::InstalledReport;
+use askama::Template;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
