@@ -35,6 +35,9 @@ enum Cmd {
     /// BMCs: what a BMC advertises and whether its credentials work.
     #[command(subcommand)]
     Bmc(crate::client::BmcCmd),
+    /// The deploy agent, run on the node inside the deploy ramdisk.
+    #[command(subcommand)]
+    Agent(crate::agent::AgentCmd),
 }
 
 fn init_tracing() {
@@ -78,6 +81,7 @@ pub fn main() -> ExitCode {
         Cmd::Node(c) => crate::client::run_node(c),
         Cmd::Image(c) => crate::client::run_image(c),
         Cmd::Bmc(c) => crate::client::run_bmc(c),
+        Cmd::Agent(c) => crate::agent::run(c),
         Cmd::Serve(a) => {
             let cfg = match a.load() {
                 Ok(c) => c,

@@ -4,6 +4,7 @@
 //! every node's lifecycle in SQLite, and drives BMCs. See `shared/DESIGN.md` for the
 //! architecture; each server takes an already-bound socket and a cancellation token.
 
+pub mod agent;
 pub mod app;
 pub mod bmc;
 pub mod boot;

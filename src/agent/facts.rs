@@ -1,0 +1,255 @@
+//! Hardware facts from sysfs and procfs, read under a root directory (`/` on the node, a
+//! temp tree in tests). A probe that finds nothing reports 0 or "": facts never fail.
+
+use std::fs;
+use std::path::Path;
+
+use crate::wire::{AgentFacts, DiskFact, NicFact};
+
+/// Block devices that are never disks to report or deploy to.
+const SKIP_BLOCK: &[&str] = &["loop", "ram", "sr", "zram", "dm-", "md", "nbd", "fd"];
+
+/// Everything [`AgentFacts`] holds, read under `root`.
+pub fn collect(root: &Path) -> AgentFacts {
+    let sys = root.join("sys");
+    let cpus = read_trim(&sys.join("devices/system/cpu/online"))
+        .and_then(|s| count_cpu_list(&s))
+        .or_else(|| {
+            std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as u64)
+        })
+        .unwrap_or(0);
+    let mem_kb = read_trim(&root.join("proc/meminfo"))
+        .and_then(|s| mem_total_kb(&s))
+        .unwrap_or(0);
+    AgentFacts {
+        cpus,
+        mem_kb,
+        machine: machine(),
+        product: read_trim(&sys.join("class/dmi/id/product_name")).unwrap_or_default(),
+        disks: disks(&sys),
+        nics: nics(&sys),
+    }
+}
+
+/// `uname -m`.
+fn machine() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.machine().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| std::env::consts::ARCH.to_string())
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+}
+
+/// Counts a kernel CPU list (`0-3,6,8-9` → 7).
+fn count_cpu_list(s: &str) -> Option<u64> {
+    let mut n = 0;
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        n += match part.split_once('-') {
+            Some((a, b)) => b.parse::<u64>().ok()?.checked_sub(a.parse().ok()?)? + 1,
+            None => part.parse::<u64>().map(|_| 1).ok()?,
+        };
+    }
+    (n > 0).then_some(n)
+}
+
+fn mem_total_kb(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Directory entry names under `dir`, sorted; empty when `dir` is missing.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Disks under `<sys>/block`, by name; loops, ramdisks, optical drives and mapped devices
+/// are left out.
+pub fn disks(sys: &Path) -> Vec<DiskFact> {
+    let block = sys.join("block");
+    names(&block)
+        .into_iter()
+        .filter(|n| !SKIP_BLOCK.iter().any(|p| n.starts_with(p)))
+        .map(|name| {
+            let d = block.join(&name);
+            let sectors: u64 = read_trim(&d.join("size"))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            DiskFact {
+                size: sectors * 512,
+                model: read_trim(&d.join("device/model")).unwrap_or_default(),
+                serial: read_trim(&d.join("device/serial"))
+                    .or_else(|| read_trim(&d.join("serial")))
+                    .unwrap_or_default(),
+                removable: read_trim(&d.join("removable")).as_deref() == Some("1"),
+                name,
+            }
+        })
+        .collect()
+}
+
+/// Partitions of `disk` (`vda1`, `nvme0n1p2`): the entries of `<sys>/block/<disk>` that
+/// have a `partition` file.
+pub fn partitions(sys: &Path, disk: &str) -> Vec<String> {
+    let d = sys.join("block").join(disk);
+    names(&d)
+        .into_iter()
+        .filter(|n| d.join(n).join("partition").is_file())
+        .collect()
+}
+
+/// Network interfaces under `<sys>/class/net` except `lo` and non-Ethernet links
+/// (`type` other than 1: sit, tunnels).
+pub fn nics(sys: &Path) -> Vec<NicFact> {
+    let net = sys.join("class/net");
+    names(&net)
+        .into_iter()
+        .filter(|n| n != "lo")
+        .filter(|n| read_trim(&net.join(n).join("type")).is_none_or(|t| t == "1"))
+        .map(|name| {
+            let d = net.join(&name);
+            NicFact {
+                mac: read_trim(&d.join("address")).unwrap_or_default(),
+                driver: fs::read_link(d.join("device/driver"))
+                    .ok()
+                    .and_then(|l| l.file_name().map(|f| f.to_string_lossy().into_owned()))
+                    .unwrap_or_default(),
+                // Reading `carrier` of a down link fails (EINVAL): no carrier.
+                carrier: read_trim(&d.join("carrier")).as_deref() == Some("1"),
+                name,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(root: &Path, rel: &str, content: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, content).unwrap();
+    }
+
+    #[test]
+    fn cpu_lists_and_meminfo() {
+        assert_eq!(count_cpu_list("0-3,6,8-9\n"), Some(7));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list(""), None);
+        assert_eq!(count_cpu_list("x"), None);
+        assert_eq!(
+            mem_total_kb("MemTotal:        2030104 kB\nMemFree: 1 kB\n"),
+            Some(2030104)
+        );
+        assert_eq!(mem_total_kb("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn collects_from_a_sysfs_tree() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        put(r, "sys/devices/system/cpu/online", "0-3\n");
+        put(r, "proc/meminfo", "MemTotal:        4000000 kB\n");
+        put(
+            r,
+            "sys/class/dmi/id/product_name",
+            "Standard PC (Q35 + ICH9, 2009)\n",
+        );
+        put(r, "sys/block/vda/size", "41943040\n");
+        put(r, "sys/block/vda/removable", "0\n");
+        put(r, "sys/block/vda/serial", "disk-a\n");
+        put(r, "sys/block/vda/vda1/partition", "1\n");
+        put(r, "sys/block/vda/vda2/partition", "2\n");
+        put(r, "sys/block/nvme0n1/size", "2048\n");
+        put(r, "sys/block/nvme0n1/removable", "0\n");
+        put(r, "sys/block/nvme0n1/device/model", "QEMU NVMe Ctrl  \n");
+        put(r, "sys/block/nvme0n1/device/serial", "nv1\n");
+        put(r, "sys/block/sr0/size", "100\n");
+        put(r, "sys/block/loop0/size", "100\n");
+        put(r, "sys/block/zram0/size", "100\n");
+        put(r, "sys/block/sdb/size", "100\n");
+        put(r, "sys/block/sdb/removable", "1\n");
+        put(r, "sys/class/net/lo/address", "00:00:00:00:00:00\n");
+        put(r, "sys/class/net/eth0/address", "52:54:00:12:34:56\n");
+        put(r, "sys/class/net/eth0/type", "1\n");
+        put(r, "sys/class/net/eth0/carrier", "1\n");
+        put(r, "sys/bus/virtio/drivers/virtio_net/bind", "");
+        fs::create_dir_all(r.join("sys/class/net/eth0/device")).unwrap();
+        std::os::unix::fs::symlink(
+            r.join("sys/bus/virtio/drivers/virtio_net"),
+            r.join("sys/class/net/eth0/device/driver"),
+        )
+        .unwrap();
+        put(r, "sys/class/net/eth1/address", "52:54:00:00:00:02\n");
+        put(r, "sys/class/net/sit0/type", "776\n");
+
+        let f = collect(r);
+        assert_eq!(f.cpus, 4);
+        assert_eq!(f.mem_kb, 4_000_000);
+        assert_eq!(f.product, "Standard PC (Q35 + ICH9, 2009)");
+        assert!(!f.machine.is_empty());
+        let want_disks = vec![
+            DiskFact {
+                name: "nvme0n1".into(),
+                size: 2048 * 512,
+                model: "QEMU NVMe Ctrl".into(),
+                serial: "nv1".into(),
+                removable: false,
+            },
+            DiskFact {
+                name: "sdb".into(),
+                size: 100 * 512,
+                removable: true,
+                ..Default::default()
+            },
+            DiskFact {
+                name: "vda".into(),
+                size: 41943040 * 512,
+                serial: "disk-a".into(),
+                ..Default::default()
+            },
+        ];
+        assert_eq!(f.disks, want_disks);
+        assert_eq!(
+            f.nics,
+            vec![
+                NicFact {
+                    name: "eth0".into(),
+                    mac: "52:54:00:12:34:56".into(),
+                    driver: "virtio_net".into(),
+                    carrier: true,
+                },
+                NicFact {
+                    name: "eth1".into(),
+                    mac: "52:54:00:00:00:02".into(),
+                    ..Default::default()
+                },
+            ]
+        );
+        assert_eq!(partitions(&r.join("sys"), "vda"), vec!["vda1", "vda2"]);
+        assert!(partitions(&r.join("sys"), "nvme0n1").is_empty());
+    }
+
+    #[test]
+    fn empty_root_reports_zeros_not_errors() {
+        let t = tempfile::tempdir().unwrap();
+        let f = collect(t.path());
+        assert_eq!(f.mem_kb, 0);
+        assert!(f.disks.is_empty() && f.nics.is_empty());
+    }
+}
