@@ -16,7 +16,7 @@ MAC2=52:54:00:98:00:12 UUID2=98989898-0000-4000-8000-000000000012 UUID3=98989898
 W=$(mktemp -d /tmp/pxlab-selftest.XXXXXX)
 LAB=$W/lab.json EV=$W/state/node1.events.jsonl DLOG=$W/dnsmasq.log
 T0=$(date +%s.%N)
-CPID= DPID= FAIL=0 PASSES=0
+CPID='' DPID='' FAIL=0 PASSES=0
 
 el() { printf '%6.1f' "$(echo "$(date +%s.%N) - $T0" | bc)"; }
 say() { echo "[$(el)s] $*"; }
@@ -122,7 +122,7 @@ waitfor() { local t=$1; shift; local end=$(( $(date +%s) + t )); while [ "$(date
 qemu_pid() { cat "$W/state/node1.qemu.pid.ctl" 2>/dev/null; }
 qemu_running() { local p; p=$(qemu_pid); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
 ev_ge() { [ "$(evcount "$1")" -ge "$2" ]; }
-disc_count() { grep -ci "DHCPDISCOVER(br0) ${2:-$MAC}" "$DLOG" 2>/dev/null || true; }
+disc_count() { grep -ci "DHCPDISCOVER(br0) $MAC" "$DLOG" 2>/dev/null || true; }
 pxeclient_seen() { grep -q "vendor class: PXEClient" "$DLOG" 2>/dev/null && [ "$(disc_count)" -ge "${1:-1}" ]; }
 power_is() { [ "$(power | cut -d' ' -f1)" = "$1" ]; }
 

@@ -7,7 +7,7 @@
 set -uo pipefail
 NS=pxlabpay V=${SUSHY_VENV:-/tmp/pxed-peers/venv}; W=$(mktemp -d /tmp/pxlab-payloads.XXXXXX)
 U=98989898-0000-4000-8000-0000000000aa S=http://127.0.0.1:8000/redfish/v1/Systems/$U
-SPID= LPID=
+SPID='' LPID=''
 cleanup() { [ -n "$SPID" ] && kill "$SPID" 2>/dev/null; [ -n "$LPID" ] && kill "$LPID" 2>/dev/null; sleep 0.3
             ip netns del "$NS" 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT
@@ -48,7 +48,7 @@ for l in sys.stdin:
     print("   ", json.dumps(d))' "${TREQ:-0}"
   shown=$(wc -l < "$W/notify.log")
 }
-settle() { for _ in $(seq 1 30); do c "$S" >/dev/null; [ "$(tail -n1 "$W/notify.log" | grep -c pending_power\":\ {)" = 0 ] && break; sleep 0.5; done; }
+settle() { for _ in $(seq 1 30); do c "$S" >/dev/null; [ "$(tail -n1 "$W/notify.log" | grep -c 'pending_power": {')" = 0 ] && break; sleep 0.5; done; }
 st=$(c -o /dev/null -w '%{http_code}' -X PATCH -d '{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once","BootSourceOverrideMode":"UEFI"}}' "$S")
 show 'PATCH Boot {Target Pxe, Enabled Once, Mode UEFI}' "$st"
 echo "   read back: $(c "$S" | python3 -c 'import sys,json;b=json.load(sys.stdin)["Boot"];print(b["BootSourceOverrideTarget"],b["BootSourceOverrideEnabled"])')"
