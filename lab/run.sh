@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# The pxed lab: a real Debian 12 put on a QEMU VM through pxed, under Redfish power control.
+#
+#   lab/run.sh [--vms N] [--reinstalls N] [--keep] [--no-install] [--fault NAME]
+#
+# As root on a fresh Debian 12 machine, in this order:
+#   1. installs what it needs (.ci/install.sh), builds pxed (release), the Debian 12 disk
+#      image and the deploy ramdisk (cached under images/cache),
+#   2. creates netns `pxlab` with bridge br0 10.98.0.1/24 and one tap per VM,
+#   3. starts pxed there (full DHCP on br0, TFTP, HTTP on 10.98.0.1:80), sushy-tools' fake
+#      Redfish BMC and lab/controller.py (which turns each Redfish power change into
+#      starting, stopping or resetting that VM's QEMU: network boot while a one-time Pxe
+#      override is pending, the VM's own disk otherwise),
+#   4. registers each VM as a node with its Redfish BMC, allocates it, and calls the
+#      reinstall endpoint exactly as a reclaim hook would (POST with an Idempotency-Key),
+#   5. follows each node to `available` (or `failed`), prints its timeline, checks the
+#      hostname derived from the MAC, and repeats for --reinstalls generations,
+#   6. tears down everything it created, even on failure; on a failing node it prints the
+#      VM's serial console tail and pxed's log lines for that node.
+#
+# --fault: checksum (image SHA-256 in the manifest is wrong), notfound (the image file is
+#   gone from pxed's image store): the node must end `failed` at the deploy stage with the
+#   agent's reason within a minute of the agent starting.
+# KEEP=1 or --keep leaves the namespace, pxed and the VMs running (status page at
+#   http://10.98.0.1/ inside the namespace: `ip netns exec pxlab curl -s 10.98.0.1/`).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+VMS=1 REINSTALLS=2 KEEP=${KEEP:-} INSTALL=1 FAULT=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --vms) VMS=$2; shift ;;
+    --reinstalls) REINSTALLS=$2; shift ;;
+    --keep) KEEP=1 ;;
+    --no-install) INSTALL= ;;
+    --fault) FAULT=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+NS=pxlab
+SERVER=10.98.0.1
+CACHE=${PXED_IMAGE_CACHE:-$here/images/cache}
+W=$(mktemp -d /tmp/pxlab.XXXXXX)
+TOKEN=lab-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+T0=$(date +%s)
+PXED_PID= CTL_PID=
+FAILED=0
+
+say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+
+cleanup() {
+  local rc=$?
+  set +e
+  if [ -n "$KEEP" ]; then
+    say "kept: namespace $NS, work dir $W (pxed log $W/pxed.log); tear down with: lab/run.sh --teardown-only is not needed: kill $PXED_PID $CTL_PID; ip netns del $NS"
+    return
+  fi
+  [ -n "$CTL_PID" ] && kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
+  [ -f "$W/lab.json" ] && python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1
+  [ -n "$PXED_PID" ] && kill -TERM "$PXED_PID" 2>/dev/null && wait "$PXED_PID" 2>/dev/null
+  ip netns pids "$NS" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$NS" 2>/dev/null
+  rm -rf "$W"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[ "$(id -u)" = 0 ] || { echo "lab/run.sh needs root (network namespaces, taps)" >&2; exit 2; }
+
+# ---- 1. tools, pxed, image, deploy ramdisk
+if [ -n "$INSTALL" ]; then
+  say "installing tools (.ci/install.sh)"
+  bash "$here/.ci/install.sh" > "$W/install.log" 2>&1 || { tail -20 "$W/install.log"; exit 1; }
+fi
+say "building pxed (release)"
+(cd "$here" && cargo build --release --quiet)
+PXED=$here/target/release/pxed
+say "building or reusing the Debian 12 image and the deploy ramdisk in $CACHE"
+bash "$here/images/build/debian-12.sh" --out "$CACHE" > "$W/image.log" 2>&1 || { tail -30 "$W/image.log"; exit 1; }
+bash "$here/images/build/deploy-ramdisk.sh" --pxed "$PXED" --out "$CACHE" > "$W/ramdisk.log" 2>&1 \
+  || { tail -30 "$W/ramdisk.log"; exit 1; }
+tail -n 2 "$W/image.log" "$W/ramdisk.log" | grep -v '^$' | sed 's/^/    /'
+
+# The image store pxed imports from: the build output, or a copy with a fault in it.
+MIRROR=$CACHE
+if [ "$FAULT" = checksum ]; then
+  MIRROR=$W/mirror; mkdir -p "$MIRROR"
+  ln -s "$CACHE/debian-12-amd64.raw.zst" "$CACHE/deploy-amd64" "$MIRROR/"
+  python3 - "$CACHE/debian-12-amd64.json" "$MIRROR/debian-12-amd64.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["raw_sha256"] = "0" * 64   # what the agent writes can never match this
+json.dump(m, open(sys.argv[2], "w"))
+PY
+fi
+
+# ---- 2. network namespace, bridge, taps
+ip netns del "$NS" 2>/dev/null || true
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+ip -n "$NS" link add br0 type bridge
+ip -n "$NS" addr add "$SERVER/24" dev br0
+ip -n "$NS" link set br0 up
+for i in $(seq 1 "$VMS"); do
+  ip -n "$NS" tuntap add dev "pxtap$i" mode tap
+  ip -n "$NS" link set "pxtap$i" master br0 up
+done
+
+# ---- 3. pxed, BMC emulator, lab controller
+export PXED_API_TOKEN=$TOKEN PXED_IMAGES_CATALOG=$here/images PXED_MIRROR_BASE=$MIRROR
+export PXED_LIFECYCLE__DEADLINES__NETBOOTING=${LAB_NETBOOT_DEADLINE:-10m}
+export PXED_LIFECYCLE__DEADLINES__INSTALLING=${LAB_INSTALL_DEADLINE:-15m}
+export PXED_LIFECYCLE__DEADLINES__FIRST_BOOT=${LAB_FIRSTBOOT_DEADLINE:-10m}
+SRV=(--data-dir "$W/data" --ipxe-dir "$here/ipxe/bin")
+say "importing image debian-12 from $MIRROR"
+"$PXED" image add debian-12 "${SRV[@]}" > "$W/import.log" 2>&1 || { cat "$W/import.log"; exit 1; }
+if [ "$FAULT" = notfound ]; then rm -f "$W/data/images/debian-12/x86_64/disk.raw.zst"; fi
+ip netns exec "$NS" env PXED_LOG=info "$PXED" serve "${SRV[@]}" --interface br0 --dhcp full \
+  --pool 10.98.0.100-10.98.0.199 --netmask 255.255.255.0 --server-ip "$SERVER" \
+  --http "$SERVER:80" --tftp "$SERVER:69" > "$W/pxed.log" 2>&1 &
+PXED_PID=$!
+
+MACS=() UUIDS=()
+vms_json=
+for i in $(seq 1 "$VMS"); do
+  MACS+=("52:54:00:98:01:$(printf '%02x' "$i")")
+  UUIDS+=("98989898-0001-4000-8000-0000000000$(printf '%02x' "$i")")
+  [ -n "$vms_json" ] && vms_json+=","
+  vms_json+="{\"name\":\"vm$i\",\"uuid\":\"${UUIDS[-1]}\",\"mac\":\"${MACS[-1]}\",\"firmware\":\"ovmf\",
+    \"disk\":\"$W/vm$i.qcow2\",\"disk_size\":\"3G\",\"tap\":\"pxtap$i\",\"memory\":1024,
+    \"console\":\"$W/vm$i.console.log\"}"
+done
+cat > "$W/lab.json" <<JSON
+{"name": "pxlab", "state_dir": "$W/state", "netns": "$NS",
+ "redfish": {"host": "127.0.0.1", "port": 8000, "user": "admin", "password": "password"},
+ "notify": {"host": "127.0.0.1", "port": 9999}, "pxe_override": "once",
+ "vms": [$vms_json]}
+JSON
+python3 "$here/lab/controller.py" start --lab "$W/lab.json" > "$W/controller.log" 2>&1 &
+CTL_PID=$!
+for _ in $(seq 1 150); do [ -f "$W/state/ready" ] && break; sleep 0.2; done
+[ -f "$W/state/ready" ] || { tail -20 "$W/controller.log"; say "lab controller did not come up"; exit 1; }
+api() { # METHOD PATH [JSON] [IDEMPOTENCY-KEY]
+  local a=(-sS -X "$1" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json')
+  [ -n "${3:-}" ] && a+=(-d "$3")
+  [ -n "${4:-}" ] && a+=(-H "Idempotency-Key: $4")
+  ip netns exec "$NS" curl "${a[@]}" "http://$SERVER/api/v1$2"
+}
+for _ in $(seq 1 50); do ip netns exec "$NS" curl -sf "http://$SERVER/healthz" >/dev/null && break; sleep 0.2; done
+say "pxed, sushy-tools and the lab controller are up in netns $NS"
+
+# ---- 4. register, allocate, reinstall
+IDS=()
+for i in $(seq 1 "$VMS"); do
+  body=$(printf '{"name":"vm%s","arch":"x86_64","macs":["%s"],"bmc":{"driver":"redfish","address":"http://127.0.0.1:8000","username":"admin","password":"password","system_id":"%s"}}' \
+    "$i" "${MACS[$((i-1))]}" "${UUIDS[$((i-1))]}")
+  id=$(api POST /nodes "$body" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])')
+  api POST "/nodes/$id/actions/allocate" >/dev/null
+  IDS+=("$id")
+done
+
+field() { python3 -c 'import sys,json; d=json.load(sys.stdin); print(d.get(sys.argv[1]) if d.get(sys.argv[1]) is not None else "")' "$1"; }
+
+timeline() { # ID GENERATION: the node's events of that generation, with seconds since the first
+  api GET "/nodes/$1" | python3 -c '
+import sys, json, datetime
+d = json.load(sys.stdin); gen = int(sys.argv[1])
+ev = [e for e in d["events"] if e["generation"] == gen or e["event"] == "reinstall_requested" and e["generation"] == gen]
+t = lambda s: datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+t0 = t(ev[0]["at"]) if ev else 0
+for e in ev:
+    print("    %7.1fs  %-22s %-12s -> %-12s %s" % (t(e["at"]) - t0, e["event"], e["from_state"] or "", e["to_state"], e["detail"] or ""))
+' "$2"
+}
+
+diagnose() { # ID VM-INDEX
+  local i=$2
+  say "node $1 (vm$i): console tail"; tail -c 3000 "$W/vm$i.console.log" 2>/dev/null | tr -d '\r' | tail -n 25 | sed 's/^/    /'
+  say "node $1: pxed log lines for ${MACS[$((i-1))]} / node=$1"
+  grep -E "${MACS[$((i-1))]}|node=$1[^0-9]" "$W/pxed.log" | tail -n 25 | sed 's/^/    /'
+}
+
+for gen in $(seq 1 "$REINSTALLS"); do
+  for i in $(seq 1 "$VMS"); do
+    id=${IDS[$((i-1))]}
+    key="lab-reclaim-$id-$gen"
+    out=$(api POST "/nodes/$id/reinstall" '{"image":"debian-12"}' "$key")
+    again=$(api POST "/nodes/$id/reinstall" '{"image":"debian-12"}' "$key")
+    [ "$out" = "$again" ] || { say "idempotent replay differs: $out vs $again"; FAILED=1; }
+    say "node $id (vm$i): reinstall generation $(echo "$out" | field generation) requested"
+  done
+  for i in $(seq 1 "$VMS"); do
+    id=${IDS[$((i-1))]}
+    start=$(date +%s) last=
+    while :; do
+      n=$(api GET "/nodes/$id")
+      st=$(echo "$n" | field state)
+      [ "$st" != "$last" ] && say "node $id: $st" && last=$st
+      case "$st" in available|failed) break ;; esac
+      if [ $(( $(date +%s) - start )) -gt "${LAB_NODE_TIMEOUT:-1500}" ]; then say "node $id: timed out in $st"; break; fi
+      sleep 2
+    done
+    took=$(( $(date +%s) - start ))
+    timeline "$id" "$gen"
+    host=$(echo "$n" | field hostname)
+    want="node-$(echo "${MACS[$((i-1))]}" | tr -d ':' | cut -c7-12)"
+    if [ -n "$FAULT" ]; then
+      reason=$(echo "$n" | field failed_reason)
+      if [ "$st" = failed ] && [ "$(echo "$n" | field failed_step)" = installing ]; then
+        say "PASS fault $FAULT: node $id failed at installing in ${took}s: $reason"
+      else say "FAIL fault $FAULT: node $id is $st ($reason)"; FAILED=1; diagnose "$id" "$i"; fi
+      continue
+    fi
+    if [ "$st" = available ] && [ "$host" = "$want" ]; then
+      say "PASS node $id generation $gen: available in ${took}s as $host"
+    else
+      say "FAIL node $id generation $gen: $st, hostname '$host' (want $want): $(echo "$n" | field failed_reason)"
+      FAILED=1; diagnose "$id" "$i"
+    fi
+  done
+  [ -n "$FAULT" ] && break
+done
+[ "$FAILED" = 0 ] && say "lab passed" || say "lab FAILED"
+exit "$FAILED"
