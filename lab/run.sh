@@ -43,11 +43,12 @@ CACHE=${PXED_IMAGE_CACHE:-$here/images/cache}
 W=$(mktemp -d /tmp/pxlab.XXXXXX)
 TOKEN=lab-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 T0=$(date +%s)
-PXED_PID= CTL_PID=
+PXED_PID='' CTL_PID=''
 FAILED=0
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 
+# shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
   local rc=$?
   set +e
