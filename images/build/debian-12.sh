@@ -113,19 +113,21 @@ verify_image() {
     || ensure_pkgs qemu-system-x86 \
     || die "verify needs qemu-system-x86 (install it, or match the installed qemu-utils version)"
   ensure_pkgs ovmf
-  local vdir code vars qpid start t i
+  local vdir code vars qpid start t i port banner=""
   vdir=$(mktemp -d /var/tmp/pxed-verify.XXXXXX)
   code=/usr/share/OVMF/OVMF_CODE_4M.fd; vars=/usr/share/OVMF/OVMF_VARS_4M.fd
   [ -f "$code" ] || { code=/usr/share/OVMF/OVMF_CODE.fd; vars=/usr/share/OVMF/OVMF_VARS.fd; }
   cp "$vars" "$vdir/vars.fd"
   zstd -q -d -f "$zst" -o "$vdir/disk.raw"
+  # sshd answering through QEMU's user network proves DHCP (networkd) and first-boot host keys.
+  port=$((20000 + RANDOM % 20000))
   log "verify: booting $base in QEMU (TCG, OVMF); serial console in $vdir/console.log"
   start=$(date +%s)
   qemu-system-x86_64 -accel tcg -m 1024 -machine q35 \
     -drive "if=pflash,format=raw,readonly=on,file=$code" \
     -drive "if=pflash,format=raw,file=$vdir/vars.fd" \
     -drive "file=$vdir/disk.raw,format=raw,if=virtio" \
-    -nic user,model=virtio-net-pci -nographic -serial mon:stdio \
+    -nic "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:$port-:22" -nographic -serial mon:stdio \
     </dev/null >"$vdir/console.log" 2>&1 &
   qpid=$!
   t=""
@@ -134,14 +136,22 @@ verify_image() {
     kill -0 "$qpid" 2>/dev/null || break
     sleep 1
   done
+  if [ -n "$t" ]; then
+    for ((i = 0; i < 60; i++)); do
+      banner=$(timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && head -c 8 <&3" 2>/dev/null || true)
+      [ "$banner" = SSH-2.0- ] && break
+      sleep 1
+    done
+  fi
   kill "$qpid" 2>/dev/null || true
   wait "$qpid" 2>/dev/null || true
   if [ -z "$t" ]; then
     tail -n 40 "$vdir/console.log" >&2
     die "verify: no login prompt within 300 s (console log kept in $vdir)"
   fi
-  grep -a -m1 'login:' "$vdir/console.log" >&2
-  log "verify: login prompt after ${t}s"
+  log "verify: login prompt after ${t}s: $(grep -a -m1 -o '[^ ]* login:' "$vdir/console.log")"
+  [ "$banner" = SSH-2.0- ] || die "verify: sshd did not answer on the guest's DHCP address (console log kept in $vdir)"
+  log "verify: sshd answers (${banner}) after $(($(date +%s) - start))s"
   rm -rf "$vdir"
 }
 
@@ -298,7 +308,7 @@ rm -f "$root/usr/sbin/policy-rc.d"
 rm -f "$root/var/lib/dbus/machine-id" "$root/var/lib/systemd/random-seed"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb \
   "$root"/var/cache/debconf/*-old "$root"/var/lib/dpkg/*-old "$root"/tmp/* "$root"/var/tmp/* \
-  "$root/debootstrap"
+  "$root/debootstrap" "$root/usr/bin/qemu-aarch64-static"
 find "$root/var/log" -type f -exec truncate -s 0 {} +
 chroot_umount
 find "$root" -xdev -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
