@@ -166,12 +166,19 @@ fn say(stage: DeployStage, msg: impl std::fmt::Display) {
 }
 
 /// An HTTP client for pxed and the image server: bounded connect and per-read waits,
-/// no total timeout (an image takes as long as it takes).
+/// no total timeout (an image takes as long as it takes). pxed serves the ramdisk over
+/// plain HTTP and the ramdisk has no CA store, so TLS is configured with no roots
+/// (reqwest's default, the platform verifier, fails to build without one).
 pub fn http_client() -> Result<reqwest::Client, AgentError> {
     crate::net::install_crypto_provider();
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .read_timeout(Duration::from_secs(60))
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
         .build()
         .map_err(AgentError::Client)
 }

@@ -119,7 +119,12 @@ pub async fn view(st: &AppState, n: NodeRow) -> Result<NodeView, ApiError> {
         .into_iter()
         .map(|i| i.mac)
         .collect();
-    Ok(NodeView {
+    Ok(view_with(n, macs))
+}
+
+/// The view of a node whose MACs were loaded already (listings load them all at once).
+pub fn view_with(n: NodeRow, macs: Vec<String>) -> NodeView {
+    NodeView {
         id: n.id,
         facts: n
             .facts
@@ -136,15 +141,22 @@ pub async fn view(st: &AppState, n: NodeRow) -> Result<NodeView, ApiError> {
         failed_step: n.failed_step,
         failed_reason: n.failed_reason,
         macs,
-    })
+    }
+}
+
+/// Every node, in two queries however many there are.
+pub async fn all_views(st: &AppState) -> Result<Vec<NodeView>, ApiError> {
+    Ok(st
+        .store
+        .nodes_with_macs()
+        .await?
+        .into_iter()
+        .map(|(n, m)| view_with(n, m))
+        .collect())
 }
 
 async fn list_nodes(State(st): State<Arc<AppState>>) -> Result<Json<Vec<NodeView>>, ApiError> {
-    let mut out = Vec::new();
-    for n in st.store.nodes().await? {
-        out.push(view(&st, n).await?);
-    }
-    Ok(Json(out))
+    Ok(Json(all_views(&st).await?))
 }
 
 async fn find(st: &AppState, reference: &str) -> Result<NodeRow, ApiError> {

@@ -38,10 +38,7 @@ pub struct Status {
 }
 
 async fn status(st: &AppState) -> Result<Status, ApiError> {
-    let mut nodes = Vec::new();
-    for n in st.store.nodes().await? {
-        nodes.push(view(st, n).await?);
-    }
+    let nodes = super::api::all_views(st).await?;
     let counts = crate::config::STATE_NAMES
         .iter()
         .map(|s| {

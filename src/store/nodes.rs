@@ -177,12 +177,37 @@ impl Store {
             .await?)
     }
 
-    /// Nodes in states that have deadlines (re-armed on start).
+    /// Nodes in any of `states` (those with deadlines are re-armed on start).
     pub async fn nodes_in_states(&self, states: &[&str]) -> Result<Vec<NodeRow>, StoreError> {
-        let all = self.nodes().await?;
-        Ok(all
+        let states = serde_json::json!(states).to_string();
+        Ok(sqlx::query_as!(
+            NodeRow,
+            "SELECT * FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id",
+            states
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Every node with its MACs (boot MAC first), in two queries whatever the count.
+    pub async fn nodes_with_macs(&self) -> Result<Vec<(NodeRow, Vec<String>)>, StoreError> {
+        let nodes = self.nodes().await?;
+        let ifaces = sqlx::query_as!(
+            InterfaceRow,
+            "SELECT * FROM interfaces ORDER BY node_id, is_boot DESC, mac"
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut macs: std::collections::HashMap<i64, Vec<String>> = Default::default();
+        for i in ifaces {
+            macs.entry(i.node_id).or_default().push(i.mac);
+        }
+        Ok(nodes
             .into_iter()
-            .filter(|n| states.contains(&n.state.as_str()))
+            .map(|n| {
+                let m = macs.remove(&n.id).unwrap_or_default();
+                (n, m)
+            })
             .collect())
     }
 
@@ -536,4 +561,123 @@ pub async fn boot_mac_tx(
     )
     .fetch_optional(conn)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, OnceLock};
+
+    /// Counts the statements sqlx runs whose text contains each needle. sqlx logs every
+    /// statement as a `sqlx::query` event, from the SQLite worker thread, so the
+    /// subscriber must be global (one per test binary: this is the only test that sets
+    /// one).
+    struct StatementCounter {
+        needles: Vec<(&'static str, AtomicUsize)>,
+    }
+
+    impl StatementCounter {
+        fn get(&self, needle: &str) -> usize {
+            self.needles
+                .iter()
+                .find(|(n, _)| *n == needle)
+                .map(|(_, c)| c.load(Ordering::SeqCst))
+                .unwrap_or(0)
+        }
+    }
+
+    struct Layer(Arc<StatementCounter>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Layer {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if event.metadata().target() != "sqlx::query" {
+                return;
+            }
+            struct Text(String);
+            impl tracing::field::Visit for Text {
+                fn record_debug(&mut self, _: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    self.0.push_str(&format!("{v:?} "));
+                }
+                fn record_str(&mut self, _: &tracing::field::Field, v: &str) {
+                    self.0.push_str(v);
+                    self.0.push(' ');
+                }
+            }
+            let mut t = Text(String::new());
+            event.record(&mut t);
+            let text = t.0.split_whitespace().collect::<Vec<_>>().join(" ");
+            for (needle, count) in &self.0.needles {
+                if text.contains(needle) {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    fn counter() -> Arc<StatementCounter> {
+        static C: OnceLock<Arc<StatementCounter>> = OnceLock::new();
+        C.get_or_init(|| {
+            use tracing_subscriber::layer::SubscriberExt;
+            let c = Arc::new(StatementCounter {
+                needles: vec![
+                    ("FROM interfaces WHERE node_id", AtomicUsize::new(0)),
+                    ("FROM interfaces ORDER BY node_id", AtomicUsize::new(0)),
+                ],
+            });
+            let sub = tracing_subscriber::registry()
+                .with(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target("sqlx::query", tracing::Level::DEBUG),
+                )
+                .with(Layer(c.clone()));
+            tracing::subscriber::set_global_default(sub).expect("one global subscriber");
+            c
+        })
+        .clone()
+    }
+
+    /// Listing N nodes with their MACs is two statements, not one per node (the API
+    /// listing and the status page once ran an interfaces query per node).
+    #[tokio::test]
+    async fn listing_nodes_is_not_one_query_per_node() {
+        let counter = counter();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        for i in 0..40u8 {
+            let n = NewNode {
+                arch: "x86_64".into(),
+                state: "available".into(),
+                macs: vec![
+                    format!("52:54:00:00:10:{i:02x}"),
+                    format!("52:54:00:00:11:{i:02x}"),
+                ],
+                ..Default::default()
+            };
+            store.create_node(&n, "test").await.unwrap();
+        }
+        let per_node = counter.get("FROM interfaces WHERE node_id");
+        let batch = counter.get("FROM interfaces ORDER BY node_id");
+        let listed = store.nodes_with_macs().await.unwrap();
+        assert_eq!(listed.len(), 40);
+        assert!(listed.iter().all(|(_, m)| m.len() == 2));
+        assert_eq!(
+            listed[3].1,
+            ["52:54:00:00:10:03", "52:54:00:00:11:03"],
+            "boot MAC first"
+        );
+        assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 0);
+        assert_eq!(counter.get("FROM interfaces ORDER BY node_id") - batch, 1);
+        // The counter does see per-node queries: one for one node.
+        store.interfaces(listed[0].0.id).await.unwrap();
+        assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 1);
+        // And filtering by state happens in SQL.
+        let some = store.nodes_in_states(&["available"]).await.unwrap();
+        assert_eq!(some.len(), 40);
+        assert!(store.nodes_in_states(&["failed"]).await.unwrap().is_empty());
+    }
 }
