@@ -16,7 +16,10 @@ use crate::store::Store;
 /// The iPXE dir exists; every named interface exists and has an address; a full-mode
 /// pool lies in the subnet of the interface it is served on.
 fn preflight(cfg: &Config) -> anyhow::Result<()> {
-    if let Some(reclaim) = cfg.lifecycle.deadlines.get("reclaiming")
+    if let Some(reclaim) = cfg
+        .lifecycle
+        .deadlines
+        .get(&crate::model::State::Reclaiming)
         && cfg.bmc.power_deadline >= *reclaim
     {
         tracing::warn!(

@@ -21,11 +21,7 @@ use crate::config::BootConfig;
 
 /// The inventory architecture an option 93 value implies (`None`: not one we install).
 pub fn arch_name(arch: u16) -> Option<&'static str> {
-    match arch {
-        0 | 6 | 7 | 9 | 16 => Some("x86_64"),
-        11 | 19 => Some("arm64"),
-        _ => None,
-    }
+    crate::model::Arch::from_client_arch(arch).map(crate::model::Arch::as_str)
 }
 
 /// What the DHCP packet told us about the client's boot firmware.

@@ -567,11 +567,9 @@ async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
             ep
         }
         (None, Some(d), Some(address)) => BmcEndpoint {
-            driver: match d.as_str() {
-                "redfish" => Driver::Redfish,
-                "ipmi" => Driver::Ipmi,
-                _ => return Err(ClientError::Other("--driver is redfish or ipmi".into())),
-            },
+            driver: d
+                .parse::<Driver>()
+                .map_err(|e| ClientError::Other(format!("--driver: {e}")))?,
             address,
             username: username.unwrap_or_default(),
             password: Secret::new(std::env::var(&password_env).unwrap_or_default()),

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::State;
+
 /// Everything that can go wrong while reading or validating configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -246,7 +248,7 @@ pub struct TftpSettings {
 pub struct LifecycleConfig {
     /// Deadline per state name; states absent here have no deadline.
     #[serde(with = "secs_map")]
-    pub deadlines: BTreeMap<String, Duration>,
+    pub deadlines: BTreeMap<State, Duration>,
     pub max_attempts: u32,
     #[serde(with = "secs")]
     pub backoff: Duration,
@@ -343,13 +345,13 @@ mod secs_map {
     use std::collections::BTreeMap;
     use std::time::Duration;
     pub fn serialize<S: serde::Serializer>(
-        m: &BTreeMap<String, Duration>,
+        m: &BTreeMap<crate::model::State, Duration>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(m.len()))?;
         for (k, v) in m {
-            map.serialize_entry(k, &format!("{}s", v.as_secs_f64()))?;
+            map.serialize_entry(k.as_str(), &format!("{}s", v.as_secs_f64()))?;
         }
         map.end()
     }
@@ -826,21 +828,26 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         return Err(invalid("tftp_server.max_transfers", "must be at least 1"));
     }
     let l = w.lifecycle.unwrap_or_default();
-    let mut deadlines = default_deadlines();
+    let mut deadlines: BTreeMap<State, Duration> = State::ALL
+        .into_iter()
+        .filter_map(|s| Some((s, s.default_deadline()?)))
+        .collect();
     for (k, v) in l.deadlines.unwrap_or_default() {
-        if !DEADLINE_STATES.contains(&k.as_str()) {
-            let what = if STATE_NAMES.contains(&k.as_str()) {
+        let state = k.parse::<State>().ok().filter(|s| s.in_progress());
+        let Some(state) = state else {
+            let what = if k.parse::<State>().is_ok() {
                 "is a resting state: it has nothing to retry, so no deadline"
             } else {
                 "is not a state"
             };
+            let names: Vec<&str> = deadlines.keys().map(|s| s.as_str()).collect();
             return Err(invalid(
                 "lifecycle.deadlines",
-                format!("`{k}` {what} (deadlines: {})", DEADLINE_STATES.join(", ")),
+                format!("`{k}` {what} (deadlines: {})", names.join(", ")),
             ));
-        }
+        };
         let d = parse_duration(&v).map_err(|e| invalid("lifecycle.deadlines", e))?;
-        deadlines.insert(k, d);
+        deadlines.insert(state, d);
     }
     let lifecycle = LifecycleConfig {
         deadlines,
@@ -956,34 +963,6 @@ fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
         ));
     }
     Ok(s)
-}
-
-/// Lifecycle state names, as stored in SQLite.
-pub const STATE_NAMES: &[&str] = &[
-    "discovered",
-    "available",
-    "allocated",
-    "reclaiming",
-    "netbooting",
-    "installing",
-    "first_boot",
-    "failed",
-    "quarantined",
-];
-
-/// States that are in progress and so have a deadline.
-pub const DEADLINE_STATES: &[&str] = &["reclaiming", "netbooting", "installing", "first_boot"];
-
-fn default_deadlines() -> BTreeMap<String, Duration> {
-    [
-        ("reclaiming", 300),
-        ("netbooting", 900),
-        ("installing", 3600),
-        ("first_boot", 1200),
-    ]
-    .into_iter()
-    .map(|(k, s)| (k.to_string(), Duration::from_secs(s)))
-    .collect()
 }
 
 fn check_netmask(m: Ipv4Addr) -> Result<(), String> {
@@ -1195,7 +1174,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            ok.lifecycle.deadlines["installing"],
+            ok.lifecycle.deadlines[&State::Installing],
             Duration::from_secs(7200)
         );
         for (k, msg) in [("AVAILABLE", "resting state"), ("BOGUS", "not a state")] {

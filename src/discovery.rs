@@ -79,7 +79,11 @@ impl Discovery {
                 Ok(created) => {
                     for (id, mac) in &created {
                         self.discovered.inc();
-                        lifecycle.notify(*id, "registered", "discovered");
+                        lifecycle.notify(
+                            *id,
+                            "registered",
+                            crate::model::State::Discovered.as_str(),
+                        );
                         tracing::info!(node = id, %mac, "discovered a new machine");
                     }
                     self.remember(new.into_iter().map(|(m, _)| m));

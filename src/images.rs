@@ -10,66 +10,11 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
-/// A CPU architecture pxed installs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Arch {
-    /// 64-bit x86 (BIOS or UEFI).
-    #[serde(rename = "x86_64")]
-    X86_64,
-    /// 64-bit ARM (UEFI only).
-    #[serde(rename = "arm64")]
-    Arm64,
-}
-
-impl Arch {
-    /// Every architecture, in catalog order.
-    pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Arm64];
-
-    /// The catalog and directory name (`x86_64`, `arm64`), also iPXE's `${buildarch}`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Arch::X86_64 => "x86_64",
-            Arch::Arm64 => "arm64",
-        }
-    }
-
-    /// Parses the catalog name, `uname -m` (`aarch64`) or Debian's name (`amd64`).
-    pub fn parse(s: &str) -> Option<Arch> {
-        match s {
-            "x86_64" | "amd64" | "x64" => Some(Arch::X86_64),
-            "arm64" | "aarch64" => Some(Arch::Arm64),
-            _ => None,
-        }
-    }
-
-    /// Debian and Ubuntu's architecture name.
-    pub fn debian(self) -> &'static str {
-        match self {
-            Arch::X86_64 => "amd64",
-            Arch::Arm64 => "arm64",
-        }
-    }
-
-    /// The serial console argument for the kernel command line: the usual UART of
-    /// x86 servers' SOL and of arm64 (PL011) machines.
-    pub fn serial_console(self) -> &'static str {
-        match self {
-            Arch::X86_64 => "console=ttyS0,115200",
-            Arch::Arm64 => "console=ttyAMA0,115200",
-        }
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::model::Arch;
 
 /// How an image is installed unattended, i.e. which generated config it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,6 +19,7 @@ pub mod images;
 pub mod install;
 pub mod lifecycle;
 pub mod metrics;
+pub mod model;
 pub mod net;
 pub mod provision;
 pub mod script;

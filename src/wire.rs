@@ -9,7 +9,7 @@
 //! | `GET /cb/{token}/deploy` | answer: [`DeployPlan`] (disk images only) |
 //! | `POST /cb/{token}/deploy/facts` | [`AgentFacts`] |
 //! | `POST /cb/{token}/deploy/progress` | [`DeployProgress`] |
-//! | `POST /cb/{token}/failed` | [`FailedReport`] (deploy agent, installers) |
+//! | `POST /cb/{token}/failure` | [`FailedReport`] (deploy agent, installers) |
 //! | `POST /cb/{token}/installed` | [`InstalledReport`] |
 //! | `POST /cb/{token}/first-boot` | [`FirstBootReport`] |
 //! | `POST /cb/{token}/health` | [`HealthReport`] |
@@ -264,7 +264,7 @@ pub struct DeployProgress {
     pub bytes: Option<u64>,
 }
 
-/// `POST /cb/{token}/failed`: an install or deploy failed; the node fails at once.
+/// `POST /cb/{token}/failure`: an install or deploy failed; the node fails at once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailedReport {
     /// Where it failed (a [`DeployStage`] name for the deploy agent).

@@ -2,7 +2,7 @@
 //! an address. It fetches the node's plan, reports hardware facts, wipes every fixed
 //! disk, streams the image to the target, verifies it, grows the root filesystem,
 //! configures it and reboots. Any failure after the plan is fetched is reported to pxed
-//! at once (`/failed` with the stage and the real reason) and ends the agent non-zero,
+//! at once (`/failure` with the stage and the real reason) and ends the agent non-zero,
 //! which leaves /init's shell on the console.
 //!
 //! Each stage prints one line to stderr (the serial console):
@@ -388,7 +388,7 @@ async fn fail(cb: &Callbacks, stage: DeployStage, reason: String) -> AgentError 
         stage: stage.as_str().to_string(),
         reason: reason.clone(),
     };
-    if let Err(e) = cb.post("failed", &report).await {
+    if let Err(e) = cb.post("failure", &report).await {
         eprintln!("pxed-agent: could not report the failure: {e}");
     }
     AgentError::Stage { stage, reason }

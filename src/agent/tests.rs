@@ -149,7 +149,7 @@ async fn dry_run_fetches_plan_posts_facts_and_writes_nothing() {
             .starts_with("target /dev/vda"),
         "{progress:?}"
     );
-    assert!(pxed.posts_to("failed").is_empty());
+    assert!(pxed.posts_to("failure").is_empty());
     assert!(pxed.posts_to("installed").is_empty());
 }
 
@@ -201,7 +201,7 @@ async fn failures_after_the_plan_are_reported_with_their_stage() {
             }
             other => panic!("{stage}: {other:?}"),
         }
-        let failed = pxed.posts_to("failed");
+        let failed = pxed.posts_to("failure");
         assert_eq!(failed.len(), 1, "{stage}");
         let f: FailedReport = serde_json::from_value(failed[0].clone()).unwrap();
         assert_eq!(f.stage, *stage);

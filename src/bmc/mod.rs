@@ -26,23 +26,7 @@ use futures::future::BoxFuture;
 pub mod ipmi;
 pub mod redfish;
 
-/// Which protocol talks to the BMC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Driver {
-    /// DMTF Redfish over HTTP(S).
-    Redfish,
-    /// IPMI 2.0 over LAN (RMCP+, "lanplus").
-    Ipmi,
-}
-
-impl fmt::Display for Driver {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Driver::Redfish => "redfish",
-            Driver::Ipmi => "ipmi",
-        })
-    }
-}
+pub use crate::model::Driver;
 
 /// A secret string (BMC password). Debug and Display print `********`; read it with
 /// [`Secret::expose`] only where it goes on the wire.

@@ -24,7 +24,7 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/cfg/{token}/{file}", get(config))
         .route("/cb/{token}/installed", post(installed))
-        .route("/cb/{token}/failed", post(failed))
+        .route("/cb/{token}/failure", post(failed))
         .route("/cb/{token}/deploy", get(deploy_plan))
         .route("/cb/{token}/deploy/facts", post(deploy_facts))
         .route("/cb/{token}/deploy/progress", post(deploy_progress))
@@ -158,14 +158,14 @@ async fn health(
     apply_cb(&st, &n, event).await
 }
 
-/// `POST /cb/{token}/failed`: the installer or deploy agent gave up; the node fails now
+/// `POST /cb/{token}/failure`: the installer or deploy agent gave up; the node fails now
 /// with the agent's own reason, not at a deadline.
 async fn failed(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
     JsonBody(r): JsonBody<FailedReport>,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "failed").await?;
+    let n = by_token(&st, &token, "failure").await?;
     let (stage, reason) = (bounded(&r.stage, 64), bounded(&r.reason, 2000));
     if stage.is_empty() || reason.is_empty() {
         return Err(ApiError::bad_request("stage and reason must not be empty"));

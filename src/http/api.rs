@@ -252,18 +252,30 @@ async fn create_node(
         }
         None => None,
     };
-    let arch = req.arch.clone().unwrap_or_else(|| "unknown".into());
-    if !["x86_64", "arm64", "unknown"].contains(&arch.as_str()) {
-        return Err(ApiError::bad_request(
-            "arch must be x86_64, arm64 or unknown",
-        ));
+    let arch = req
+        .arch
+        .clone()
+        .unwrap_or_else(|| crate::model::Arch::UNKNOWN.into());
+    if !crate::model::Arch::valid_node_arch(&arch) {
+        let known: Vec<&str> = crate::model::Arch::ALL.iter().map(|a| a.as_str()).collect();
+        return Err(ApiError::bad_request(format!(
+            "arch must be {} or {}",
+            known.join(", "),
+            crate::model::Arch::UNKNOWN
+        )));
     }
-    let state = req.state.clone().unwrap_or_else(|| "available".into());
-    if !["available", "discovered"].contains(&state.as_str()) {
-        return Err(ApiError::bad_request(
-            "a new node starts available or discovered",
-        ));
-    }
+    let state = match req.state.as_deref().map(str::parse::<NodeState>) {
+        None => NodeState::Available,
+        Some(Ok(s @ (NodeState::Available | NodeState::Discovered))) => s,
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "a new node starts {} or {}",
+                NodeState::Available,
+                NodeState::Discovered
+            )));
+        }
+    };
+    let state = state.as_str().to_string();
     for m in &macs {
         if let Some(other) = st.store.node_by_mac(m).await? {
             return Err(ApiError::new(
@@ -275,8 +287,8 @@ async fn create_node(
     }
     let bmc = match req.bmc {
         Some(b) => {
-            if !["redfish", "ipmi"].contains(&b.driver.as_str()) {
-                return Err(ApiError::bad_request("bmc.driver must be redfish or ipmi"));
+            if let Err(e) = b.driver.parse::<crate::model::Driver>() {
+                return Err(ApiError::bad_request(format!("bmc.driver: {e}")));
             }
             Some((
                 BmcRow {

@@ -39,12 +39,12 @@ pub struct Status {
 
 async fn status(st: &AppState) -> Result<Status, ApiError> {
     let nodes = super::api::all_views(st).await?;
-    let counts = crate::config::STATE_NAMES
+    let counts = crate::model::State::ALL
         .iter()
         .map(|s| {
             (
                 s.to_string(),
-                nodes.iter().filter(|n| n.state == *s).count(),
+                nodes.iter().filter(|n| n.state == s.as_str()).count(),
             )
         })
         .filter(|(_, c)| *c > 0)

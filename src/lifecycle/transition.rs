@@ -22,174 +22,11 @@
 //! never reports; the operator decides with a fresh reinstall.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use crate::config::LifecycleConfig;
 
-/// A node's lifecycle state, stored as TEXT in `nodes.state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum State {
-    /// Seen on the wire (DHCP/iPXE), not yet accepted by an operator.
-    Discovered,
-    /// Installed, healthy, free to allocate.
-    Available,
-    /// Handed to a user.
-    Allocated,
-    /// Setting one-time network boot on the BMC and power-cycling.
-    Reclaiming,
-    /// Power-cycled; waiting for the node to fetch its iPXE script.
-    Netbooting,
-    /// The installer has been served; waiting for its `installed` callback.
-    Installing,
-    /// Installed; waiting for the first-boot report and the health verdict.
-    FirstBoot,
-    /// A step failed; `failure` says which and why.
-    Failed,
-    /// Held out of service (hardware no longer matches its size).
-    Quarantined,
-}
-
-impl State {
-    /// Every state, in lifecycle order.
-    pub const ALL: [State; 9] = [
-        State::Discovered,
-        State::Available,
-        State::Allocated,
-        State::Reclaiming,
-        State::Netbooting,
-        State::Installing,
-        State::FirstBoot,
-        State::Failed,
-        State::Quarantined,
-    ];
-
-    /// The name stored in the database and shown in the API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Discovered => "discovered",
-            State::Available => "available",
-            State::Allocated => "allocated",
-            State::Reclaiming => "reclaiming",
-            State::Netbooting => "netbooting",
-            State::Installing => "installing",
-            State::FirstBoot => "first_boot",
-            State::Failed => "failed",
-            State::Quarantined => "quarantined",
-        }
-    }
-
-    /// Position in [`State::ALL`] (declaration order).
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// States of a reinstall in progress: the only ones with deadlines, a boot token,
-    /// and where a second reinstall request answers "already in progress".
-    pub fn in_progress(self) -> bool {
-        match self {
-            State::Reclaiming | State::Netbooting | State::Installing | State::FirstBoot => true,
-            State::Discovered
-            | State::Available
-            | State::Allocated
-            | State::Failed
-            | State::Quarantined => false,
-        }
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for State {
-    type Err = TransitionError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        State::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| TransitionError::UnknownName {
-                kind: "state",
-                name: s.to_string(),
-            })
-    }
-}
-
-/// One BMC operation of the reclaim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BmcStep {
-    /// Set one-time network boot and read it back.
-    SetNetboot,
-    /// Power-cycle (or power on) the machine.
-    PowerCycle,
-}
-
-impl BmcStep {
-    /// Snake-case name, as stored in `nodes.failed_step`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BmcStep::SetNetboot => "set_netboot",
-            BmcStep::PowerCycle => "power_cycle",
-        }
-    }
-}
-
-impl fmt::Display for BmcStep {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What failed: a BMC operation, or the stage the node was in.
-/// Stored in `nodes.failed_step` as `set_netboot`, `power_cycle` or a state name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Step {
-    /// A BMC operation gave up after its retries.
-    Bmc(BmcStep),
-    /// The node was in this state (deadline, health verdict, operator action).
-    Stage(State),
-}
-
-impl Step {
-    /// The name stored in `nodes.failed_step`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Step::Bmc(b) => b.as_str(),
-            Step::Stage(s) => s.as_str(),
-        }
-    }
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Step {
-    type Err = TransitionError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [BmcStep::SetNetboot, BmcStep::PowerCycle]
-            .into_iter()
-            .find(|b| b.as_str() == s)
-            .map(Step::Bmc)
-            .map_or_else(
-                || {
-                    State::from_str(s)
-                        .map(Step::Stage)
-                        .map_err(|_| TransitionError::UnknownName {
-                            kind: "step",
-                            name: s.to_string(),
-                        })
-                },
-                Ok,
-            )
-    }
-}
+pub use crate::model::{BmcStep, State, Step};
 
 /// Why a node is `failed` or `quarantined` (`nodes.failed_step`, `nodes.failed_reason`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,7 +332,7 @@ impl Policy {
     pub fn from_config(c: &LifecycleConfig) -> Self {
         let mut deadlines = [None; 9];
         for s in State::ALL {
-            deadlines[s.index()] = c.deadlines.get(s.as_str()).copied();
+            deadlines[s.index()] = c.deadlines.get(&s).copied();
         }
         Policy {
             deadlines,
@@ -606,8 +443,8 @@ pub enum TransitionError {
     #[error("health reported before first boot")]
     FirstBootNotReported,
     /// A stored name that is not a known state or step.
-    #[error("unknown {kind} name {name:?}")]
-    UnknownName { kind: &'static str, name: String },
+    #[error(transparent)]
+    UnknownName(#[from] crate::model::UnknownName),
 }
 
 /// Decide what `event` does to `node` under `policy`. Pure.
@@ -1781,8 +1618,8 @@ mod tests {
     #[test]
     fn policy_from_config_ignores_resting_states() {
         let mut deadlines = std::collections::BTreeMap::new();
-        deadlines.insert("installing".to_string(), SECS(60));
-        deadlines.insert("available".to_string(), SECS(5));
+        deadlines.insert(S::Installing, SECS(60));
+        deadlines.insert(S::Available, SECS(5));
         let p = Policy::from_config(&LifecycleConfig {
             deadlines,
             max_attempts: 2,

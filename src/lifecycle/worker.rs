@@ -59,11 +59,10 @@ impl StoreBmcs {
             .into_iter()
             .find(|i| i.is_boot == 1)
             .map(|i| i.mac);
-        let driver = match row.driver.as_str() {
-            "redfish" => bmc::Driver::Redfish,
-            "ipmi" => bmc::Driver::Ipmi,
-            other => return Err(ConnectError::Driver(other.into())),
-        };
+        let driver = row
+            .driver
+            .parse::<bmc::Driver>()
+            .map_err(|_| ConnectError::Driver(row.driver.clone()))?;
         Ok(BmcEndpoint {
             driver,
             address: row.address,

@@ -518,7 +518,7 @@ impl Store {
                 0,
                 None,
                 "registered",
-                "discovered",
+                crate::model::State::Discovered.as_str(),
                 "discovery",
                 Some(arch),
             )

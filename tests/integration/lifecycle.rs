@@ -811,7 +811,7 @@ async fn an_agent_failure_fails_the_node_at_once() {
     let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
     let token = token_from_script(&script);
     let (s, v) = h
-        .post(&format!("/cb/{token}/failed"), json!({"stage": "verify"}))
+        .post(&format!("/cb/{token}/failure"), json!({"stage": "verify"}))
         .await;
     assert!(
         (400..500).contains(&s) && v["error"] == "bad_request",
@@ -819,7 +819,7 @@ async fn an_agent_failure_fails_the_node_at_once() {
     );
     let (s, v) = h
         .post(
-            &format!("/cb/{token}/failed"),
+            &format!("/cb/{token}/failure"),
             json!({"stage": "verify", "reason": "sha256 mismatch: expected ab.., wrote cd.."}),
         )
         .await;
@@ -833,7 +833,7 @@ async fn an_agent_failure_fails_the_node_at_once() {
     assert_eq!(n["attempt"], 0, "agent failures are not retried");
     let (s, _) = h
         .post(
-            &format!("/cb/{token}/failed"),
+            &format!("/cb/{token}/failure"),
             json!({"stage": "write", "reason": "again"}),
         )
         .await;

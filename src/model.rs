@@ -1,0 +1,382 @@
+//! The domain's names, typed once: node states, failed steps, architectures, BMC
+//! drivers and MAC addresses. Every module that stores, serves, parses or shows one
+//! of these uses the types here; the strings they stand for appear nowhere else (but
+//! in the migrations' CHECK constraints and the templates).
+//!
+//! Each type has `as_str` / `Display` (the stored and shown name), `FromStr` (the
+//! only parser), and serde in the same spelling.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A name that is not one of the type's values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} `{name}`")]
+pub struct UnknownName {
+    /// What was being parsed (`state`, `step`, `arch`, `driver`, `MAC address`).
+    pub kind: &'static str,
+    /// The text that was given.
+    pub name: String,
+}
+
+fn unknown(kind: &'static str, name: &str) -> UnknownName {
+    UnknownName {
+        kind,
+        name: name.to_string(),
+    }
+}
+
+/// Implements `Display`, `FromStr` and string serde for a fieldless enum with
+/// `ALL` and `as_str`.
+macro_rules! named {
+    ($t:ty, $kind:literal) => {
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $t {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                <$t>::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| unknown($kind, s))
+            }
+        }
+
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// A node's lifecycle state, stored as TEXT in `nodes.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum State {
+    /// Seen on the wire (DHCP/iPXE), not yet accepted by an operator.
+    Discovered,
+    /// Installed, healthy, free to allocate.
+    Available,
+    /// Handed to a user.
+    Allocated,
+    /// Setting one-time network boot on the BMC and power-cycling.
+    Reclaiming,
+    /// Power-cycled; waiting for the node to fetch its iPXE script.
+    Netbooting,
+    /// The installer has been served; waiting for its `installed` callback.
+    Installing,
+    /// Installed; waiting for the first-boot report and the health verdict.
+    FirstBoot,
+    /// A step failed; `failure` says which and why.
+    Failed,
+    /// Held out of service (hardware no longer matches its size).
+    Quarantined,
+}
+
+impl State {
+    /// Every state, in lifecycle order.
+    pub const ALL: [State; 9] = [
+        State::Discovered,
+        State::Available,
+        State::Allocated,
+        State::Reclaiming,
+        State::Netbooting,
+        State::Installing,
+        State::FirstBoot,
+        State::Failed,
+        State::Quarantined,
+    ];
+
+    /// The name stored in the database and shown in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Discovered => "discovered",
+            State::Available => "available",
+            State::Allocated => "allocated",
+            State::Reclaiming => "reclaiming",
+            State::Netbooting => "netbooting",
+            State::Installing => "installing",
+            State::FirstBoot => "first_boot",
+            State::Failed => "failed",
+            State::Quarantined => "quarantined",
+        }
+    }
+
+    /// Position in [`State::ALL`] (declaration order).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// States of a reinstall in progress: the only ones with deadlines, a boot token,
+    /// and where a second reinstall request answers "already in progress".
+    pub fn in_progress(self) -> bool {
+        match self {
+            State::Reclaiming | State::Netbooting | State::Installing | State::FirstBoot => true,
+            State::Discovered
+            | State::Available
+            | State::Allocated
+            | State::Failed
+            | State::Quarantined => false,
+        }
+    }
+
+    /// How long a node may stay in this state before it is retried or failed, by
+    /// default; `None` for resting states (nothing to retry).
+    pub fn default_deadline(self) -> Option<std::time::Duration> {
+        let secs = match self {
+            State::Reclaiming => 300,
+            State::Netbooting => 900,
+            State::Installing => 3600,
+            State::FirstBoot => 1200,
+            State::Discovered
+            | State::Available
+            | State::Allocated
+            | State::Failed
+            | State::Quarantined => return None,
+        };
+        Some(std::time::Duration::from_secs(secs))
+    }
+
+    /// Whether the boot script serves this node its installer (or deploy ramdisk).
+    pub fn serves_installer(self) -> bool {
+        matches!(self, State::Netbooting | State::Installing)
+    }
+}
+
+named!(State, "state");
+
+/// One BMC operation of the reclaim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BmcStep {
+    /// Set one-time network boot and read it back.
+    SetNetboot,
+    /// Power-cycle (or power on) the machine.
+    PowerCycle,
+}
+
+impl BmcStep {
+    /// Both operations.
+    pub const ALL: [BmcStep; 2] = [BmcStep::SetNetboot, BmcStep::PowerCycle];
+
+    /// Snake-case name, as stored in `nodes.failed_step`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BmcStep::SetNetboot => "set_netboot",
+            BmcStep::PowerCycle => "power_cycle",
+        }
+    }
+}
+
+named!(BmcStep, "BMC step");
+
+/// What failed: a BMC operation, or the stage the node was in.
+/// Stored in `nodes.failed_step` as `set_netboot`, `power_cycle` or a state name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// A BMC operation gave up after its retries.
+    Bmc(BmcStep),
+    /// The node was in this state (deadline, health verdict, operator action).
+    Stage(State),
+}
+
+impl Step {
+    /// The name stored in `nodes.failed_step`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Bmc(b) => b.as_str(),
+            Step::Stage(s) => s.as_str(),
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Step {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(b) = s.parse::<BmcStep>() {
+            return Ok(Step::Bmc(b));
+        }
+        s.parse::<State>()
+            .map(Step::Stage)
+            .map_err(|_| unknown("step", s))
+    }
+}
+
+/// A CPU architecture pxed installs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Arch {
+    /// 64-bit x86 (BIOS or UEFI).
+    X86_64,
+    /// 64-bit ARM (UEFI only).
+    Arm64,
+}
+
+impl Arch {
+    /// Every architecture, in catalog order.
+    pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Arm64];
+
+    /// What a node whose architecture nobody reported yet stores in `nodes.arch`.
+    pub const UNKNOWN: &'static str = "unknown";
+
+    /// The catalog and directory name (`x86_64`, `arm64`), also iPXE's `${buildarch}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// Parses the catalog name, `uname -m` (`aarch64`) or Debian's name (`amd64`).
+    pub fn parse(s: &str) -> Option<Arch> {
+        match s {
+            "x86_64" | "amd64" | "x64" => Some(Arch::X86_64),
+            "arm64" | "aarch64" => Some(Arch::Arm64),
+            _ => None,
+        }
+    }
+
+    /// Debian and Ubuntu's architecture name.
+    pub fn debian(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// The serial console argument for the kernel command line: the usual UART of
+    /// x86 servers' SOL and of arm64 (PL011) machines.
+    pub fn serial_console(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "console=ttyS0,115200",
+            Arch::Arm64 => "console=ttyAMA0,115200",
+        }
+    }
+
+    /// The architecture a DHCP client-architecture (option 93) value implies.
+    pub fn from_client_arch(code: u16) -> Option<Arch> {
+        match code {
+            0 | 6 | 7 | 9 | 16 => Some(Arch::X86_64),
+            11 | 19 => Some(Arch::Arm64),
+            _ => None,
+        }
+    }
+
+    /// Whether `s` may be stored as a node's architecture (a known one, or unknown).
+    pub fn valid_node_arch(s: &str) -> bool {
+        s == Arch::UNKNOWN || s.parse::<Arch>().is_ok()
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Arch {
+    type Err = UnknownName;
+
+    /// Only the catalog names (`x86_64`, `arm64`); [`Arch::parse`] also takes aliases.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| unknown("arch", s))
+    }
+}
+
+impl Serialize for Arch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Arch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// How pxed talks to a node's BMC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Driver {
+    /// DMTF Redfish over HTTP(S).
+    Redfish,
+    /// IPMI 2.0 over LAN (RMCP+, "lanplus").
+    Ipmi,
+}
+
+impl Driver {
+    /// Both drivers.
+    pub const ALL: [Driver; 2] = [Driver::Redfish, Driver::Ipmi];
+
+    /// The name stored in `bmcs.driver` and used in the API and CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::Redfish => "redfish",
+            Driver::Ipmi => "ipmi",
+        }
+    }
+}
+
+named!(Driver, "driver");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for s in State::ALL {
+            assert_eq!(s.as_str().parse::<State>(), Ok(s));
+            assert_eq!(Step::Stage(s).as_str().parse::<Step>(), Ok(Step::Stage(s)));
+            assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{s}\""));
+            assert_eq!(s.default_deadline().is_some(), s.in_progress());
+        }
+        for b in BmcStep::ALL {
+            assert_eq!(b.as_str().parse::<Step>(), Ok(Step::Bmc(b)));
+        }
+        for a in Arch::ALL {
+            assert_eq!(a.as_str().parse::<Arch>(), Ok(a));
+            assert_eq!(Arch::parse(a.debian()), Some(a));
+            assert!(Arch::valid_node_arch(a.as_str()));
+        }
+        for d in Driver::ALL {
+            assert_eq!(d.as_str().parse::<Driver>(), Ok(d));
+        }
+        assert!(Arch::valid_node_arch(Arch::UNKNOWN));
+        assert!(!Arch::valid_node_arch("sparc"));
+        let e = "sleeping".parse::<State>().unwrap_err();
+        assert_eq!(e.to_string(), "unknown state `sleeping`");
+        assert!("ilo".parse::<Driver>().is_err());
+        assert!(serde_json::from_str::<Driver>("\"ilo\"").is_err());
+    }
+
+    #[test]
+    fn client_arch_codes() {
+        assert_eq!(Arch::from_client_arch(7), Some(Arch::X86_64));
+        assert_eq!(Arch::from_client_arch(11), Some(Arch::Arm64));
+        assert_eq!(Arch::from_client_arch(2), None);
+    }
+}
