@@ -209,10 +209,16 @@ fn context<'a>(
     token: &str,
 ) -> Result<InstallContext<'a>, ProvisionError> {
     let arch = node_arch(node, img)?;
+    // A disk image has no install source; `mirror_base` may then be a plain directory
+    // (it is where import read the image from), which an installer could not use.
+    let mirror = match img.def.family {
+        Family::Disk => format!("{base}/images/"),
+        _ => mirror(st, base),
+    };
     let mut ctx = InstallContext::new(
         &img.def,
         arch,
-        &mirror(st, base),
+        &mirror,
         base,
         token,
         &hostname_of(node),

@@ -444,16 +444,18 @@ fn from_row(r: LeaseRow) -> Option<Lease> {
         tracing::warn!(mac = %r.mac, "skipping a lease with a bad MAC");
         return None;
     };
+    // An unknown state is not guessed at: a lease read as bound that was something
+    // else could hand one address to two clients, or keep a declined one in use.
+    let Some(state) = LeaseState::from_db(&r.state) else {
+        tracing::warn!(ip = %r.ip, state = %r.state, "skipping a lease with an unknown state");
+        return None;
+    };
     Some(Lease {
         ip: r.ip,
         mac,
         client_id: r.client_id.and_then(|c| hex::decode(c).ok()),
         hostname: r.hostname,
-        state: if r.state == "declined" {
-            LeaseState::Declined
-        } else {
-            LeaseState::Bound
-        },
+        state,
         expires: r.expires_at.max(0) as u64,
     })
 }
@@ -502,6 +504,12 @@ mod tests {
             panic!()
         };
         assert_eq!(row.client_id.as_deref(), Some("01aa"));
-        assert_eq!(from_row(row), Some(l));
+        assert_eq!(from_row(row.clone()), Some(l));
+        // An unknown stored state is skipped, never read as bound.
+        let odd = LeaseRow {
+            state: "offered".into(),
+            ..row
+        };
+        assert_eq!(from_row(odd), None);
     }
 }

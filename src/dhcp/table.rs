@@ -29,6 +29,13 @@ impl LeaseState {
             LeaseState::Declined => "declined",
         }
     }
+
+    /// Parses a stored `leases.state` (only `bound` and `declined` are ever stored).
+    pub fn from_db(s: &str) -> Option<LeaseState> {
+        [LeaseState::Bound, LeaseState::Declined]
+            .into_iter()
+            .find(|l| l.as_db() == s)
+    }
 }
 
 /// One address and who has it until when.
