@@ -118,7 +118,7 @@ say "importing image debian-12 from $MIRROR"
 "$PXED" image add debian-12 "${SRV[@]}" > "$W/import.log" 2>&1 || { cat "$W/import.log"; exit 1; }
 if [ "$FAULT" = notfound ]; then rm -f "$W/data/images/debian-12/x86_64/disk.raw.zst"; fi
 ip netns exec "$NS" env PXED_LOG=info "$PXED" serve "${SRV[@]}" --interface br0 --dhcp full \
-  --pool 10.98.0.100-10.98.0.199 --netmask 255.255.255.0 --server-ip "$SERVER" \
+  --pool 10.98.0.100-10.98.0.199 --netmask 255.255.255.0 --router "$SERVER" --server-ip "$SERVER" \
   --http "$SERVER:80" --tftp "$SERVER:69" > "$W/pxed.log" 2>&1 &
 PXED_PID=$!
 

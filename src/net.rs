@@ -112,6 +112,29 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// The one policy for receive errors on a server's datagram socket (DHCP, TFTP): a
+/// datagram socket's errors are about one packet or a passing condition (an ICMP
+/// report of an earlier send, ENOBUFS, an interrupted call), so the server logs the
+/// error, waits briefly when it is not a known transient one (so a persistent error
+/// cannot spin a core) and goes on. One listener's error never stops the others; the
+/// daemon stops only on cancel. Returns whether the error was a known transient one.
+pub async fn after_recv_error(server: &'static str, e: &std::io::Error) -> bool {
+    let transient = matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::Interrupted
+            | std::io::ErrorKind::WouldBlock
+    ) || e.raw_os_error() == Some(libc::ENOBUFS);
+    if transient {
+        tracing::debug!(server, error = %e, "receive error (transient)");
+    } else {
+        tracing::warn!(server, error = %e, "receive error; going on");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    transient
+}
+
 /// Binds a TCP listener.
 pub fn bind_tcp(addr: SocketAddr) -> Result<tokio::net::TcpListener, NetError> {
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))

@@ -278,7 +278,9 @@ async fn recv_loop(
             Ok(_) => shared.stats.malformed.inc(),
             Err(e) => {
                 // ICMP errors from earlier sends surface here; they must not stop the loop.
-                tracing::debug!(iface = %iface.name, error = %e, "DHCP receive error");
+                if !crate::net::after_recv_error("dhcp", &e).await {
+                    shared.stats.recv_errors.inc();
+                }
             }
         }
     }

@@ -23,6 +23,8 @@ pub struct DhcpStats {
     pub naks: Counter,
     /// Malformed packets dropped (truncated, oversized, wrong op, bad hlen, no type...).
     pub malformed: Counter,
+    /// Receive errors that were not transient (logged; the server goes on).
+    pub recv_errors: Counter,
     /// Well-formed packets we chose not to answer (other server, not a boot client...).
     pub ignored: Counter,
     pub pool_exhausted: Counter,
@@ -99,6 +101,12 @@ impl Render for DhcpStats {
             "pxed_dhcp_malformed_total",
             "Malformed packets dropped",
             &self.malformed,
+        );
+        c(
+            out,
+            "pxed_dhcp_recv_errors_total",
+            "Receive errors that were not transient (logged; the server goes on)",
+            &self.recv_errors,
         );
         c(
             out,

@@ -33,8 +33,6 @@ pub enum TftpError {
     },
     #[error("TFTP listening socket: {source}")]
     Socket { source: std::io::Error },
-    #[error("receiving on the TFTP listening socket: {source}")]
-    Recv { source: std::io::Error },
 }
 
 /// Counters of the TFTP server, rendered at `/metrics`.
@@ -55,6 +53,9 @@ pub struct TftpStats {
     pub busy: Counter,
     /// Packets at the listening port that were not a valid request.
     pub malformed_dropped: Counter,
+    /// Receive errors on the listening socket that were not transient (logged; the
+    /// server goes on).
+    pub recv_errors: Counter,
     /// Packets on a transfer socket from a foreign address (answered ERROR 5).
     pub unknown_tid: Counter,
     /// Windows (or OACKs) resent after a timeout.
@@ -112,6 +113,12 @@ impl Render for TftpStats {
             "malformed_dropped",
             "Malformed TFTP packets dropped.",
             &self.malformed_dropped,
+        );
+        c(
+            out,
+            "recv_errors",
+            "Receive errors on the TFTP listening socket (logged; the server goes on).",
+            &self.recv_errors,
         );
         c(
             out,

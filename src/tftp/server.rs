@@ -76,11 +76,12 @@ pub async fn serve(
         };
         let (n, peer, dst) = match received {
             Ok(r) => r,
-            Err(e) if transient(&e) => {
-                tracing::debug!(error = %e, "TFTP receive");
+            Err(e) => {
+                if !crate::net::after_recv_error("tftp", &e).await {
+                    stats.recv_errors.inc();
+                }
                 continue;
             }
-            Err(source) => break Err(TftpError::Recv { source }),
         };
         let req = match packet::parse_request(&buf[..n]) {
             Ok(r) if peer.port() != 0 => r,
