@@ -204,6 +204,11 @@ for gen in $(seq 1 "$REINSTALLS"); do
     done
     took=$(( $(date +%s) - start ))
     timeline "$id" "$gen"
+    if [ -n "${LAB_TIMELINE_OUT:-}" ]; then
+      api GET "/nodes/$id" | python3 -c 'import sys, json
+d = json.load(sys.stdin); g = int(sys.argv[1])
+json.dump([e for e in d["events"] if e["generation"] == g], open(sys.argv[2], "w"))' "$gen" "$LAB_TIMELINE_OUT"
+    fi
     host=$(echo "$n" | field hostname)
     want="node-$(echo "${MACS[$((i-1))]}" | tr -d ':' | cut -c7-12)"
     if [ -n "$FAULT" ]; then

@@ -215,14 +215,7 @@ fn context<'a>(
         Family::Disk => format!("{base}/images/"),
         _ => mirror(st, base),
     };
-    let mut ctx = InstallContext::new(
-        &img.def,
-        arch,
-        &mirror,
-        base,
-        token,
-        &hostname_of(node),
-    )?;
+    let mut ctx = InstallContext::new(&img.def, arch, &mirror, base, token, &hostname_of(node))?;
     ctx.ssh_authorized_keys = st
         .cfg
         .ssh_authorized_keys

@@ -41,6 +41,75 @@ const RAMFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x8584_58
 pub enum AgentCmd {
     /// Deploy this machine from its pxed plan (runs inside the deploy ramdisk).
     Deploy(DeployArgs),
+    /// Stream a (zstd) disk image to a file or block device the way a deploy does
+    /// (resume with Range, verify size and SHA-256 while writing, fsync): for
+    /// operators, and for `bench/deploy.sh`.
+    WriteImage(WriteImageArgs),
+}
+
+/// Flags of `pxed agent write-image`.
+#[derive(Args, Debug, Clone)]
+pub struct WriteImageArgs {
+    /// The image URL.
+    #[arg(long)]
+    pub url: String,
+    /// Size in bytes of the raw image.
+    #[arg(long)]
+    pub size: u64,
+    /// SHA-256 (hex) of the raw image.
+    #[arg(long)]
+    pub sha256: String,
+    /// The file or block device to write (a file is created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The URL is a raw image, not zstd.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+/// `pxed agent write-image`: the deploy's write and verify stages alone.
+async fn write_image(a: &WriteImageArgs) -> Result<Done, AgentError> {
+    let client = http_client()?;
+    let image = crate::wire::DiskImageRef {
+        name: "image".into(),
+        url: a.url.clone(),
+        compression: if a.raw {
+            crate::wire::Compression::None
+        } else {
+            crate::wire::Compression::Zstd
+        },
+        size: a.size,
+        sha256: a.sha256.clone(),
+        root_partition: 1,
+    };
+    let out = a.out.clone();
+    let dev = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&out)
+        .map_err(|e| AgentError::at(DeployStage::Write, format!("{}: {e}", out.display())))?;
+    let started = std::time::Instant::now();
+    let (dev, w) = stream::stream_image(
+        &client,
+        &image,
+        dev,
+        WRITE_CHUNK,
+        Arc::new(AtomicU64::new(0)),
+        &RetryPolicy::default(),
+    )
+    .await
+    .map_err(|e| AgentError::at(e.stage(), e))?;
+    dev.sync_all()
+        .map_err(|e| AgentError::at(DeployStage::Write, format!("fsync: {e}")))?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{} bytes written and verified (sha256 {}) in {secs:.3} s: {:.1} MB/s",
+        w.bytes,
+        w.sha256,
+        w.bytes as f64 / secs / 1e6
+    );
+    Ok(Done::Exit)
 }
 
 /// Flags of `pxed agent deploy`.
@@ -121,7 +190,6 @@ impl AgentError {
 /// Runs `pxed agent ...`; the exit code is 0 on success (or after a dry run), 2 for a
 /// command line without pxed's keys, 1 for any other failure.
 pub fn run(cmd: AgentCmd) -> ExitCode {
-    let AgentCmd::Deploy(args) = cmd;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -132,7 +200,11 @@ pub fn run(cmd: AgentCmd) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(deploy(&args)) {
+    let result = match &cmd {
+        AgentCmd::Deploy(args) => rt.block_on(deploy(args)),
+        AgentCmd::WriteImage(args) => rt.block_on(write_image(args)),
+    };
+    match result {
         Ok(Done::Exit) => ExitCode::SUCCESS,
         Ok(Done::Reboot) => {
             drop(rt);
