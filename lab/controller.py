@@ -92,9 +92,11 @@ class Lab:
         nt = d.get("notify", {})
         self.nt_host = nt.get("host", "127.0.0.1")
         self.nt_port = int(nt.get("port", 9999))
-        self.override = d.get("pxe_override", "once")  # once | continuous
-        if self.override not in ("once", "continuous"):
-            raise SystemExit("pxe_override must be once or continuous")
+        # once | continuous | ignored (a BMC that accepts the override and reads it back,
+        # while the machine boots its disk anyway: the fault pxed must catch)
+        self.override = d.get("pxe_override", "once")
+        if self.override not in ("once", "continuous", "ignored"):
+            raise SystemExit("pxe_override must be once, continuous or ignored")
         self.stop_timeout = float(d.get("stop_timeout", 5))
         self.vms = []
         seen = set()
@@ -538,6 +540,9 @@ class Controller:
             extra["note"] = f"BootSourceOverrideMode {bmc['boot_mode']} ignored: {s.firmware} is {fw_mode}"
         if target not in ("Pxe", "Hdd", "None"):
             extra["note"] = f"target {target} not emulated: booting the disk"
+        if boot == "network" and self.lab.override == "ignored":
+            boot = "disk"
+            extra["note"] = "pxe_override=ignored: the override is not applied, booting the disk"
         cmd = netns_wrap(s.netns, qemu_command(s, boot))
         if not tap_exists(s.tap, s.netns):
             # QEMU (as root) would create a fresh tap on no bridge: a VM on no network

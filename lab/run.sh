@@ -18,9 +18,15 @@
 #   6. tears down everything it created, even on failure; on a failing node it prints the
 #      VM's serial console tail and pxed's log lines for that node.
 #
-# --fault: checksum (image SHA-256 in the manifest is wrong), notfound (the image file is
-#   gone from pxed's image store): the node must end `failed` at the deploy stage with the
-#   agent's reason within a minute of the agent starting.
+# --fault NAME, one VM, after which the lab checks pxed's verdict:
+#   checksum   the image's SHA-256 in the manifest is wrong; notfound: the image file is
+#              gone from pxed's store: `failed` at installing with the agent's reason, at
+#              once (not at a deadline);
+#   poweroff   the VM is powered off (Redfish ForceOff) while the image is being written:
+#              the installing deadline retries the reclaim and the node ends `available`;
+#   nooverride generation 1 deploys; for generation 2 the BMC accepts the one-time Pxe
+#              override but the VM boots its old disk: the node must never be reported
+#              reinstalled, it ends `failed` at netbooting, "never netbooted".
 # KEEP=1 or --keep leaves the namespace, pxed and the VMs running (status page at
 #   http://10.98.0.1/ inside the namespace: `ip netns exec pxlab curl -s 10.98.0.1/`).
 set -euo pipefail
@@ -110,6 +116,14 @@ done
 
 # ---- 3. pxed, BMC emulator, lab controller
 export PXED_API_TOKEN=$TOKEN PXED_IMAGES_CATALOG=$here/images PXED_MIRROR_BASE=$MIRROR
+case "$FAULT" in
+  ''|checksum|notfound) ;;
+  poweroff) LAB_INSTALL_DEADLINE=${LAB_INSTALL_DEADLINE:-150s} ;;
+  nooverride) LAB_NETBOOT_DEADLINE=${LAB_NETBOOT_DEADLINE:-90s} REINSTALLS=2
+    export PXED_LIFECYCLE__MAX_ATTEMPTS=1 ;;
+  *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride)" >&2; exit 2 ;;
+esac
+[ -n "$FAULT" ] && VMS=1
 export PXED_LIFECYCLE__DEADLINES__NETBOOTING=${LAB_NETBOOT_DEADLINE:-10m}
 export PXED_LIFECYCLE__DEADLINES__INSTALLING=${LAB_INSTALL_DEADLINE:-15m}
 export PXED_LIFECYCLE__DEADLINES__FIRST_BOOT=${LAB_FIRSTBOOT_DEADLINE:-10m}
@@ -132,16 +146,24 @@ for i in $(seq 1 "$VMS"); do
     \"disk\":\"$W/vm$i.qcow2\",\"disk_size\":\"3G\",\"tap\":\"pxtap$i\",\"memory\":1024,
     \"console\":\"$W/vm$i.console.log\"}"
 done
-cat > "$W/lab.json" <<JSON
+start_controller() { # PXE-OVERRIDE-MODE (once | ignored)
+  cat > "$W/lab.json" <<JSON
 {"name": "pxlab", "state_dir": "$W/state", "netns": "$NS",
  "redfish": {"host": "127.0.0.1", "port": 8000, "user": "admin", "password": "password"},
- "notify": {"host": "127.0.0.1", "port": 9999}, "pxe_override": "once",
+ "notify": {"host": "127.0.0.1", "port": 9999}, "pxe_override": "$1",
  "vms": [$vms_json]}
 JSON
-python3 "$here/lab/controller.py" start --lab "$W/lab.json" > "$W/controller.log" 2>&1 &
-CTL_PID=$!
-for _ in $(seq 1 150); do [ -f "$W/state/ready" ] && break; sleep 0.2; done
-[ -f "$W/state/ready" ] || { tail -20 "$W/controller.log"; say "lab controller did not come up"; exit 1; }
+  rm -f "$W/state/ready"
+  python3 "$here/lab/controller.py" start --lab "$W/lab.json" >> "$W/controller.log" 2>&1 &
+  CTL_PID=$!
+  for _ in $(seq 1 150); do [ -f "$W/state/ready" ] && break; sleep 0.2; done
+  [ -f "$W/state/ready" ] || { tail -20 "$W/controller.log"; say "lab controller did not come up"; exit 1; }
+}
+stop_controller() {
+  kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
+  python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1 || true
+}
+start_controller once
 api() { # METHOD PATH [JSON] [IDEMPOTENCY-KEY]
   local a=(-sS -X "$1" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json')
   [ -n "${3:-}" ] && a+=(-d "$3")
@@ -182,7 +204,23 @@ diagnose() { # ID VM-INDEX
   grep -E "${MACS[$((i-1))]}|node=$1[^0-9]" "$W/pxed.log" | tail -n 25 | sed 's/^/    /'
 }
 
+redfish() { # METHOD PATH [JSON]: the lab's BMC, as an operator or a fault would use it
+  ip netns exec "$NS" curl -sS -o /dev/null -w '%{http_code}' -u admin:password -X "$1" \
+    -H 'Content-Type: application/json' ${3:+-d "$3"} "http://127.0.0.1:8000/redfish/v1$2"
+}
+# What the current fault expects of this generation: ok (available), fail-install, fail-netboot.
+expect() {
+  case "$FAULT" in
+    checksum|notfound) echo fail-install ;;
+    nooverride) [ "$1" = 1 ] && echo ok || echo fail-netboot ;;
+    *) echo ok ;;
+  esac
+}
 for gen in $(seq 1 "$REINSTALLS"); do
+  if [ "$FAULT" = nooverride ] && [ "$gen" = 2 ]; then
+    say "fault nooverride: the BMC now accepts the Pxe override but the VM boots its disk"
+    stop_controller; start_controller ignored
+  fi
   for i in $(seq 1 "$VMS"); do
     id=${IDS[$((i-1))]}
     key="lab-reclaim-$id-$gen"
@@ -193,11 +231,16 @@ for gen in $(seq 1 "$REINSTALLS"); do
   done
   for i in $(seq 1 "$VMS"); do
     id=${IDS[$((i-1))]}
-    start=$(date +%s) last=
+    start=$(date +%s) last='' cut=''
     while :; do
       n=$(api GET "/nodes/$id")
       st=$(echo "$n" | field state)
       [ "$st" != "$last" ] && say "node $id: $st" && last=$st
+      if [ "$FAULT" = poweroff ] && [ -z "$cut" ] && echo "$n" | grep -q '% written'; then
+        cut=1
+        say "fault poweroff: Redfish ForceOff while the image is written -> $(redfish POST \
+          "/Systems/${UUIDS[$((i-1))]}/Actions/ComputerSystem.Reset" '{"ResetType":"ForceOff"}')"
+      fi
       case "$st" in available|failed) break ;; esac
       if [ $(( $(date +%s) - start )) -gt "${LAB_NODE_TIMEOUT:-1500}" ]; then say "node $id: timed out in $st"; break; fi
       sleep 2
@@ -211,12 +254,32 @@ json.dump([e for e in d["events"] if e["generation"] == g], open(sys.argv[2], "w
     fi
     host=$(echo "$n" | field hostname)
     want="node-$(echo "${MACS[$((i-1))]}" | tr -d ':' | cut -c7-12)"
-    if [ -n "$FAULT" ]; then
-      reason=$(echo "$n" | field failed_reason)
-      if [ "$st" = failed ] && [ "$(echo "$n" | field failed_step)" = installing ]; then
-        say "PASS fault $FAULT: node $id failed at installing in ${took}s: $reason"
-      else say "FAIL fault $FAULT: node $id is $st ($reason)"; FAILED=1; diagnose "$id" "$i"; fi
-      continue
+    reason=$(echo "$n" | field failed_reason) step=$(echo "$n" | field failed_step)
+    installed=$(echo "$n" | python3 -c 'import sys, json
+d = json.load(sys.stdin); g = int(sys.argv[1])
+print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "install_finished"))' "$gen")
+    case "$(expect "$gen")" in
+      fail-install)
+        if [ "$st" = failed ] && [ "$step" = installing ]; then
+          say "PASS fault $FAULT: node $id failed at installing in ${took}s: $reason"
+        else say "FAIL fault $FAULT: node $id is $st ($step: $reason)"; FAILED=1; diagnose "$id" "$i"; fi
+        continue ;;
+      fail-netboot)
+        if [ "$st" = failed ] && [ "$step" = netbooting ] && [ "$installed" = 0 ] \
+           && echo "$reason" | grep -q "never netbooted"; then
+          say "PASS fault $FAULT: node $id never reported reinstalled; failed in ${took}s: $reason"
+        else say "FAIL fault $FAULT: node $id is $st ($step: $reason), installed $installed times"
+          FAILED=1; diagnose "$id" "$i"; fi
+        continue ;;
+    esac
+    if [ "$FAULT" = poweroff ]; then
+      retried=$(echo "$n" | python3 -c 'import sys, json
+d = json.load(sys.stdin); g = int(sys.argv[1])
+print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "deadline_expired"))' "$gen")
+      if [ -z "$cut" ] || [ "$retried" = 0 ]; then
+        say "FAIL fault poweroff: power cut $([ -n "$cut" ] && echo sent || echo never sent), $retried retries"
+        FAILED=1
+      fi
     fi
     if [ "$st" = available ] && [ "$host" = "$want" ]; then
       say "PASS node $id generation $gen: available in ${took}s as $host"
@@ -225,7 +288,7 @@ json.dump([e for e in d["events"] if e["generation"] == g], open(sys.argv[2], "w
       FAILED=1; diagnose "$id" "$i"
     fi
   done
-  [ -n "$FAULT" ] && break
+  case "$FAULT" in checksum|notfound|poweroff) break ;; esac
 done
 [ "$FAILED" = 0 ] && say "lab passed" || say "lab FAILED"
 exit "$FAILED"

@@ -7,6 +7,10 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
+use crate::wire::{
+    ApiErrorBody, CreateBmc, CreateNode, NodeDetail, NodeView, Operation, ReinstallRequest,
+};
+
 use crate::config::Flags as ServerArgs;
 
 /// Where the API is and how to authenticate.
@@ -192,13 +196,14 @@ impl Api {
         })
     }
 
-    async fn call(
+    /// Calls the API and reads its answer as the API's own type `T`.
+    async fn call<T: serde::de::DeserializeOwned>(
         &self,
         method: reqwest::Method,
         path: &str,
         body: Option<Value>,
         headers: &[(&str, String)],
-    ) -> Result<Value, ClientError> {
+    ) -> Result<T, ClientError> {
         let url = format!("{}/api/v1{path}", self.url);
         let mut req = self.http.request(method, &url).bearer_auth(&self.token);
         for (k, v) in headers {
@@ -212,31 +217,28 @@ impl Api {
             source,
         })?;
         let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|source| ClientError::Http { url, source })?;
-        let v: Value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
-        };
+        let text = resp.text().await.map_err(|source| ClientError::Http {
+            url: url.clone(),
+            source,
+        })?;
         if !status.is_success() {
+            let e: ApiErrorBody = serde_json::from_str(&text).unwrap_or(ApiErrorBody {
+                error: "error".into(),
+                detail: text,
+            });
             return Err(ClientError::Api {
                 status: status.as_u16(),
-                error: v["error"].as_str().unwrap_or("error").to_string(),
-                detail: v["detail"].as_str().unwrap_or("").to_string(),
+                error: e.error,
+                detail: e.detail,
             });
         }
-        Ok(v)
-    }
-}
-
-fn s(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        let text = if text.is_empty() {
+            "null"
+        } else {
+            text.as_str()
+        };
+        serde_json::from_str(text)
+            .map_err(|e| ClientError::Other(format!("{url}: unexpected answer: {e}")))
     }
 }
 
@@ -262,24 +264,28 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
-fn node_row(n: &Value) -> Vec<String> {
-    let macs = n["macs"]
-        .as_array()
-        .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
-        .unwrap_or_default();
+fn or_dash(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "-".into())
+}
+
+fn node_row(n: &NodeView) -> Vec<String> {
     vec![
-        s(&n["id"]),
-        s(&n["hostname"]),
-        s(&n["state"]),
-        s(&n["since"]),
-        s(&n["generation"]),
-        s(&n["arch"]),
-        macs,
-        match (&n["failed_step"], &n["failed_reason"]) {
-            (Value::Null, _) => String::new(),
-            (st, r) => format!("{}: {}", s(st), s(r)),
+        n.id.to_string(),
+        or_dash(&n.hostname),
+        n.state.clone(),
+        n.since.clone(),
+        n.generation.to_string(),
+        n.arch.clone(),
+        n.macs.join(","),
+        match &n.failed_step {
+            None => String::new(),
+            Some(st) => format!("{st}: {}", or_dash(&n.failed_reason)),
         },
     ]
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 const NODE_HEADERS: &[&str] = &[
@@ -296,46 +302,45 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
     match cmd {
         NodeCmd::List(a) => {
             let api = Api::new(&a)?;
-            let v = api.call(Method::GET, "/nodes", None, &[]).await?;
+            let v: Vec<NodeView> = api.call(Method::GET, "/nodes", None, &[]).await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                print_json(&v);
             } else {
-                let rows = v.as_array().cloned().unwrap_or_default();
-                table(NODE_HEADERS, rows.iter().map(node_row).collect());
+                table(NODE_HEADERS, v.iter().map(node_row).collect());
             }
         }
         NodeCmd::Show { node, api: a } => {
             let api = Api::new(&a)?;
-            let v = api
+            let v: NodeDetail = api
                 .call(Method::GET, &format!("/nodes/{node}"), None, &[])
                 .await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                print_json(&v);
             } else {
-                table(NODE_HEADERS, vec![node_row(&v)]);
-                if let Some(b) = v["bmc"].as_object() {
+                table(NODE_HEADERS, vec![node_row(&v.node)]);
+                if let Some(b) = &v.bmc {
                     println!(
                         "\nBMC: {} {} user {} (tls pin {})",
-                        s(&b["driver"]),
-                        s(&b["address"]),
-                        s(&b["username"]),
-                        s(&b["tls_pin"])
+                        b.driver,
+                        b.address,
+                        b.username,
+                        or_dash(&b.tls_pin)
                     );
                 }
                 println!();
-                let ev = v["events"].as_array().cloned().unwrap_or_default();
                 table(
                     &["AT", "GEN", "FROM", "EVENT", "TO", "ACTOR", "DETAIL"],
-                    ev.iter()
+                    v.events
+                        .iter()
                         .map(|e| {
                             vec![
-                                s(&e["at"]),
-                                s(&e["generation"]),
-                                s(&e["from_state"]),
-                                s(&e["event"]),
-                                s(&e["to_state"]),
-                                s(&e["actor"]),
-                                s(&e["detail"]),
+                                e.at.clone(),
+                                e.generation.to_string(),
+                                or_dash(&e.from_state),
+                                e.event.clone(),
+                                e.to_state.clone(),
+                                e.actor.clone(),
+                                or_dash(&e.detail),
                             ]
                         })
                         .collect(),
@@ -355,26 +360,37 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
             api: a,
         } => {
             let api = Api::new(&a)?;
-            let mut body = serde_json::json!({ "macs": macs, "name": name, "arch": arch });
+            let mut body = CreateNode {
+                macs,
+                name,
+                arch,
+                ..Default::default()
+            };
             if let (Some(d), Some(addr)) = (bmc_driver, bmc_address) {
                 let password = std::env::var(&bmc_password_env).map_err(|_| {
                     ClientError::Other(format!("set the BMC password in ${bmc_password_env}"))
                 })?;
-                body["bmc"] = serde_json::json!({
-                    "driver": d, "address": addr, "username": bmc_user.unwrap_or_default(),
-                    "password": password, "system_id": bmc_system_id, "tls_insecure": bmc_tls_insecure,
+                body.bmc = Some(CreateBmc {
+                    driver: d,
+                    address: addr,
+                    username: bmc_user.unwrap_or_default(),
+                    password,
+                    system_id: bmc_system_id,
+                    tls_insecure: bmc_tls_insecure,
                 });
             }
-            let v = api.call(Method::POST, "/nodes", Some(body), &[]).await?;
+            let body =
+                serde_json::to_value(&body).map_err(|e| ClientError::Other(e.to_string()))?;
+            let v: NodeView = api.call(Method::POST, "/nodes", Some(body), &[]).await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                print_json(&v);
             } else {
                 table(NODE_HEADERS, vec![node_row(&v)]);
             }
         }
         NodeCmd::Rm { node, api: a } => {
             let api = Api::new(&a)?;
-            api.call(Method::DELETE, &format!("/nodes/{node}"), None, &[])
+            api.call::<serde::de::IgnoredAny>(Method::DELETE, &format!("/nodes/{node}"), None, &[])
                 .await?;
             if !a.json {
                 println!("deleted {node}");
@@ -390,30 +406,25 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
             let headers: Vec<(&str, String)> = idempotency_key
                 .map(|k| vec![("Idempotency-Key", k)])
                 .unwrap_or_default();
-            let v = api
+            let v: Operation = api
                 .call(
                     Method::POST,
                     &format!("/nodes/{node}/reinstall"),
-                    Some(serde_json::json!({ "image": image })),
+                    Some(serde_json::json!(ReinstallRequest { image })),
                     &headers,
                 )
                 .await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-            } else if v["already_in_progress"].as_bool() == Some(true) {
+                print_json(&v);
+            } else if v.already_in_progress {
                 println!(
                     "node {} is already reinstalling: generation {}, {} since {}",
-                    s(&v["node_id"]),
-                    s(&v["generation"]),
-                    s(&v["state"]),
-                    s(&v["since"])
+                    v.node_id, v.generation, v.state, v.since
                 );
             } else {
                 println!(
                     "node {}: reinstall started, generation {}, state {}",
-                    s(&v["node_id"]),
-                    s(&v["generation"]),
-                    s(&v["state"])
+                    v.node_id, v.generation, v.state
                 );
             }
         }

@@ -272,3 +272,129 @@ pub struct FailedReport {
     /// The real reason, in the failing tool's own words where there are any.
     pub reason: String,
 }
+
+// ---- The operators' API (`/api/v1`): answered by the server, read by `pxed node ...`.
+
+/// An API error body: a short machine-readable code and a human reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiErrorBody {
+    /// `not_found`, `bad_request`, `conflict`, ...
+    pub error: String,
+    /// What went wrong, for a person.
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// A node as the API shows it (no token, no BMC secret).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub id: i64,
+    pub name: Option<String>,
+    pub hostname: Option<String>,
+    pub arch: String,
+    pub state: String,
+    pub since: String,
+    pub generation: i64,
+    pub attempt: i64,
+    pub image: Option<String>,
+    pub failed_step: Option<String>,
+    pub failed_reason: Option<String>,
+    pub macs: Vec<String>,
+    pub facts: Option<serde_json::Value>,
+}
+
+/// One row of a node's audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventView {
+    pub id: i64,
+    pub node_id: i64,
+    pub generation: i64,
+    pub from_state: Option<String>,
+    pub event: String,
+    pub to_state: String,
+    pub at: String,
+    pub actor: String,
+    pub detail: Option<String>,
+}
+
+/// `GET /api/v1/nodes/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub node: NodeView,
+    pub boot_mac: Option<String>,
+    pub bmc: Option<BmcView>,
+    pub events: Vec<EventView>,
+}
+
+/// A BMC endpoint without its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BmcView {
+    pub driver: String,
+    pub address: String,
+    pub username: String,
+    pub system_id: Option<String>,
+    pub tls_pin: Option<String>,
+    pub tls_insecure: bool,
+}
+
+/// `POST /api/v1/nodes`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateNode {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub arch: Option<String>,
+    pub macs: Vec<String>,
+    #[serde(default)]
+    pub boot_mac: Option<String>,
+    /// `available` (default) or `discovered`.
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub bmc: Option<CreateBmc>,
+}
+
+/// A BMC in a registration request. Its `Debug` masks the password.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBmc {
+    pub driver: String,
+    pub address: String,
+    pub username: String,
+    pub password: String,
+    #[serde(default)]
+    pub system_id: Option<String>,
+    #[serde(default)]
+    pub tls_insecure: bool,
+}
+
+impl std::fmt::Debug for CreateBmc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateBmc")
+            .field("driver", &self.driver)
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &"********")
+            .finish()
+    }
+}
+
+/// `POST /api/v1/nodes/{id}/reinstall` body (optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReinstallRequest {
+    pub image: Option<String>,
+}
+
+/// The answer to a reinstall: the operation and the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operation {
+    pub node_id: i64,
+    pub generation: i64,
+    pub state: String,
+    pub since: String,
+    pub image: Option<String>,
+    /// True when a reinstall was already running: this is that operation, not a new one.
+    pub already_in_progress: bool,
+}

@@ -15,6 +15,9 @@ use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
 use crate::state::AppState;
 use crate::store::nodes::{BmcRow, EventRow, NewNode, NodeRow};
+pub use crate::wire::{
+    BmcView, CreateBmc, CreateNode, EventView, NodeDetail, NodeView, Operation, ReinstallRequest,
+};
 
 /// Routes under `/api/v1` (auth applied by the caller).
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
@@ -58,55 +61,28 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         && !b.is_empty()
 }
 
-/// A node as the API shows it (no token, no BMC secret).
-#[derive(Debug, Serialize)]
-pub struct NodeView {
-    pub id: i64,
-    pub name: Option<String>,
-    pub hostname: Option<String>,
-    pub arch: String,
-    pub state: String,
-    pub since: String,
-    pub generation: i64,
-    pub attempt: i64,
-    pub image: Option<String>,
-    pub failed_step: Option<String>,
-    pub failed_reason: Option<String>,
-    pub macs: Vec<String>,
-    pub facts: Option<serde_json::Value>,
+fn event_view(e: EventRow) -> EventView {
+    EventView {
+        id: e.id,
+        node_id: e.node_id,
+        generation: e.generation,
+        from_state: e.from_state,
+        event: e.event,
+        to_state: e.to_state,
+        at: e.at,
+        actor: e.actor,
+        detail: e.detail,
+    }
 }
 
-/// `GET /api/v1/nodes/{id}`.
-#[derive(Debug, Serialize)]
-pub struct NodeDetail {
-    #[serde(flatten)]
-    pub node: NodeView,
-    pub boot_mac: Option<String>,
-    pub bmc: Option<BmcView>,
-    pub events: Vec<EventRow>,
-}
-
-/// A BMC endpoint without its secret.
-#[derive(Debug, Serialize)]
-pub struct BmcView {
-    pub driver: String,
-    pub address: String,
-    pub username: String,
-    pub system_id: Option<String>,
-    pub tls_pin: Option<String>,
-    pub tls_insecure: bool,
-}
-
-impl From<BmcRow> for BmcView {
-    fn from(b: BmcRow) -> Self {
-        BmcView {
-            driver: b.driver,
-            address: b.address,
-            username: b.username,
-            system_id: b.system_id,
-            tls_pin: b.tls_pin,
-            tls_insecure: b.tls_insecure == 1,
-        }
+fn bmc_view(b: BmcRow) -> BmcView {
+    BmcView {
+        driver: b.driver,
+        address: b.address,
+        username: b.username,
+        system_id: b.system_id,
+        tls_pin: b.tls_pin,
+        tls_insecure: b.tls_insecure == 1,
     }
 }
 
@@ -179,52 +155,20 @@ async fn get_node(
         .into_iter()
         .find(|i| i.is_boot == 1)
         .map(|i| i.mac);
-    let bmc = st.store.bmc(nid).await?.map(BmcView::from);
-    let events = st.store.events(nid).await?;
+    let bmc = st.store.bmc(nid).await?.map(bmc_view);
+    let events = st
+        .store
+        .events(nid)
+        .await?
+        .into_iter()
+        .map(event_view)
+        .collect();
     Ok(Json(NodeDetail {
         node: view(&st, n).await?,
         boot_mac,
         bmc,
         events,
     }))
-}
-
-/// `POST /api/v1/nodes`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateNode {
-    pub name: Option<String>,
-    #[serde(default)]
-    pub arch: Option<String>,
-    pub macs: Vec<String>,
-    pub boot_mac: Option<String>,
-    /// `available` (default) or `discovered`.
-    pub state: Option<String>,
-    pub bmc: Option<CreateBmc>,
-}
-
-/// A BMC in a registration request.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateBmc {
-    pub driver: String,
-    pub address: String,
-    pub username: String,
-    pub password: String,
-    pub system_id: Option<String>,
-    #[serde(default)]
-    pub tls_insecure: bool,
-}
-
-impl std::fmt::Debug for CreateBmc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CreateBmc")
-            .field("driver", &self.driver)
-            .field("address", &self.address)
-            .field("username", &self.username)
-            .field("password", &"********")
-            .finish()
-    }
 }
 
 async fn create_node(
@@ -345,25 +289,6 @@ async fn delete_node(
     st.forget_macs(&macs);
     st.lifecycle.notify(n.id, "deleted", &n.state);
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// `POST /api/v1/nodes/{id}/reinstall` body (optional).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReinstallRequest {
-    pub image: Option<String>,
-}
-
-/// The answer to a reinstall: the operation and the node.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Operation {
-    pub node_id: i64,
-    pub generation: i64,
-    pub state: String,
-    pub since: String,
-    pub image: Option<String>,
-    /// True when a reinstall was already running: this is that operation, not a new one.
-    pub already_in_progress: bool,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -28,6 +28,33 @@ use crate::config::LifecycleConfig;
 
 pub use crate::model::{BmcStep, State, Step};
 
+/// What a deadline failure says: what never happened, in the stage that timed out.
+/// It starts with `deadline:` so alerts can match it.
+fn deadline_reason(node: &Node, policy: &Policy) -> String {
+    let within = policy
+        .deadline(node.state)
+        .map(|d| format!(" within {}s", d.as_secs()))
+        .unwrap_or_default();
+    let tries = node.attempt + 1;
+    match node.state {
+        State::Reclaiming => format!(
+            "deadline: the BMC did not set network boot and power-cycle{within} ({tries} tries)"
+        ),
+        State::Netbooting => format!(
+            "deadline: never netbooted: no boot script fetched{within} of the power cycle \
+             ({tries} tries); the machine booted something else (boot override not applied?) \
+             or cannot reach pxed"
+        ),
+        State::Installing => format!(
+            "deadline: the install did not report installed or failed{within} ({tries} tries)"
+        ),
+        State::FirstBoot => {
+            format!("deadline: the installed system did not report first boot and health{within}")
+        }
+        other => format!("deadline in {other}"),
+    }
+}
+
 /// Why a node is `failed` or `quarantined` (`nodes.failed_step`, `nodes.failed_reason`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
@@ -780,7 +807,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
                     node,
                     policy,
                     Step::Stage(node.state),
-                    "deadline".into(),
+                    deadline_reason(node, policy),
                 ))
             }
         }
@@ -788,7 +815,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             node,
             policy,
             Step::Stage(S::FirstBoot),
-            "deadline".into(),
+            deadline_reason(node, policy),
         )),
         // Resting states are never armed; a matching deadline here is a bug upstream.
         (
@@ -1391,12 +1418,12 @@ mod tests {
             &p,
         );
         assert_eq!(n.state, S::Failed);
-        assert_eq!(
-            n.failure,
-            Some(Failure {
-                step: Step::Stage(S::Netbooting),
-                reason: "deadline".into()
-            })
+        let f = n.failure.clone().expect("failure");
+        assert_eq!(f.step, Step::Stage(S::Netbooting));
+        assert!(
+            f.reason.starts_with("deadline: never netbooted") && f.reason.contains("(4 tries)"),
+            "{}",
+            f.reason
         );
         assert_eq!(fx, vec![Effect::ClearDeadline]);
     }
