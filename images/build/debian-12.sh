@@ -163,8 +163,15 @@ if [ "$force" = 0 ] && [ -f "$manifest" ] && [ -f "$zst" ] \
 fi
 
 t0=$(date +%s)
-ensure_pkgs debootstrap mtools dosfstools "$grub_pkg" grub-common zstd fdisk e2fsprogs \
-  debian-archive-keyring
+ensure_pkgs debootstrap mtools dosfstools grub-common zstd fdisk e2fsprogs debian-archive-keyring
+# GRUB's modules for the target: the host package where it exists (grub-efi-arm64-bin is not
+# in the amd64 archive), else taken from the target root, where debootstrap installs it.
+grub_dir=/usr/lib/grub/$efi_target
+if [ "$arch" = "$(dpkg --print-architecture)" ] || [ "$arch" = amd64 ]; then
+  ensure_pkgs "$grub_pkg"
+else
+  grub_dir=""
+fi
 if [ "$arch" = arm64 ] && [ "$(dpkg --print-architecture)" != arm64 ]; then
   ensure_pkgs qemu-user-static binfmt-support
   if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
@@ -205,6 +212,7 @@ mirror_url=$(mirror)
 debcache="$cache/debootstrap-$SUITE-$arch"
 mkdir -p "$debcache"
 pkgs=linux-image-$arch,systemd-sysv,systemd-resolved,dbus,openssh-server,curl,pciutils,ca-certificates,iproute2,e2fsprogs,initramfs-tools,kmod,netbase,usr-is-merged,zstd
+[ -n "$grub_dir" ] || pkgs="$pkgs,$grub_pkg"
 log "debootstrap $SUITE $arch from $mirror_url (debs cached in $debcache)"
 if [ "$arch" = amd64 ] || [ "$(dpkg --print-architecture)" = "$arch" ]; then
   debootstrap --arch="$arch" --variant=minbase --include="$pkgs" --cache-dir="$debcache" \
@@ -302,6 +310,12 @@ if [ ! -e "$root/vmlinuz" ] || [ ! -e "$root/initrd.img" ]; then
   die "kernel symlinks /vmlinuz and /initrd.img missing in the root"
 fi
 
+if [ -z "$grub_dir" ]; then
+  cp -a "$root/usr/lib/grub/$efi_target" "$work/grub-$efi_target"
+  grub_dir="$work/grub-$efi_target"
+  in_root dpkg --purge "$grub_pkg" >/dev/null
+fi
+
 # Per-node identity and build leftovers out.
 rm -f "$root/usr/sbin/policy-rc.d"
 : >"$root/etc/machine-id"
@@ -327,7 +341,7 @@ menuentry 'Debian GNU/Linux 12' {
   initrd /initrd.img
 }
 EOF
-grub-mkstandalone -O "$efi_target" -o "$work/$efi_name" --locales= --fonts= --themes= \
+grub-mkstandalone -O "$efi_target" -d "$grub_dir" -o "$work/$efi_name" --locales= --fonts= --themes= \
   --install-modules="normal linux part_gpt part_msdos ext2 fat search search_fs_uuid serial terminal echo test configfile all_video efi_gop gzio sleep reboot halt ls cat" \
   --modules="part_gpt ext2 search_fs_uuid serial" \
   "boot/grub/grub.cfg=$work/grub.cfg"
