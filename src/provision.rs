@@ -48,13 +48,21 @@ impl ProvisionError {
     }
 }
 
-async fn stored_image(st: &AppState, name: &str) -> Result<StoredImage, ProvisionError> {
+/// The node's image, as imported.
+async fn node_image<'n>(
+    st: &AppState,
+    node: &'n NodeRow,
+) -> Result<(&'n str, StoredImage), ProvisionError> {
+    let name = node
+        .image
+        .as_deref()
+        .ok_or(ProvisionError::NoImage(node.id))?;
     let row = st
         .store
         .image(name)
         .await?
         .ok_or_else(|| ProvisionError::NotImported(name.to_string()))?;
-    Ok(StoredImage::decode(name, &row.definition)?)
+    Ok((name, StoredImage::decode(name, &row.definition)?))
 }
 
 fn mirror(st: &AppState, base: &str) -> String {
@@ -150,11 +158,7 @@ async fn install_action(
     base: &str,
     token: &str,
 ) -> Result<Action, ProvisionError> {
-    let name = node
-        .image
-        .as_deref()
-        .ok_or(ProvisionError::NoImage(node.id))?;
-    let img = stored_image(st, name).await?;
+    let (name, img) = node_image(st, node).await?;
     let hostname = node.hostname.clone().unwrap_or_default();
     let mirror = mirror(st, base);
     let config_base = format!("{base}/cfg/{token}");
@@ -234,11 +238,7 @@ pub async fn render_config(
     base: &str,
     token: &str,
 ) -> Result<String, ProvisionError> {
-    let name = node
-        .image
-        .as_deref()
-        .ok_or(ProvisionError::NoImage(node.id))?;
-    let img = stored_image(st, name).await?;
+    let (_, img) = node_image(st, node).await?;
     let ctx = context(st, node, &img, base, token)?;
     let r = match (img.def.family, file) {
         (Family::Kickstart, "kickstart" | "ks.cfg") => crate::install::render_kickstart(&ctx),
@@ -263,11 +263,7 @@ pub async fn deploy_plan(
     base: &str,
     token: &str,
 ) -> Result<DeployPlan, ProvisionError> {
-    let name = node
-        .image
-        .as_deref()
-        .ok_or(ProvisionError::NoImage(node.id))?;
-    let img = stored_image(st, name).await?;
+    let (name, img) = node_image(st, node).await?;
     if img.def.family != Family::Disk {
         return Err(ProvisionError::NoSuchConfig {
             file: "deploy".into(),

@@ -14,7 +14,7 @@ use super::error::{ApiError, JsonBody};
 use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
 use crate::state::AppState;
-use crate::store::nodes::{BmcRow, EventRow, NewNode, NodeRow};
+use crate::store::nodes::{BmcRow, NewNode, NodeRow};
 pub use crate::wire::{
     BmcView, CreateBmc, CreateNode, EventView, NodeDetail, NodeView, Operation, ReinstallRequest,
 };
@@ -61,20 +61,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         && !b.is_empty()
 }
 
-fn event_view(e: EventRow) -> EventView {
-    EventView {
-        id: e.id,
-        node_id: e.node_id,
-        generation: e.generation,
-        from_state: e.from_state,
-        event: e.event,
-        to_state: e.to_state,
-        at: e.at,
-        actor: e.actor,
-        detail: e.detail,
-    }
-}
-
 fn bmc_view(b: BmcRow) -> BmcView {
     BmcView {
         driver: b.driver,
@@ -88,13 +74,7 @@ fn bmc_view(b: BmcRow) -> BmcView {
 
 /// Builds the API view of a stored node.
 pub async fn view(st: &AppState, n: NodeRow) -> Result<NodeView, ApiError> {
-    let macs = st
-        .store
-        .interfaces(n.id)
-        .await?
-        .into_iter()
-        .map(|i| i.mac)
-        .collect();
+    let macs = st.store.macs(n.id).await?;
     Ok(view_with(n, macs))
 }
 
@@ -156,13 +136,7 @@ async fn get_node(
         .find(|i| i.is_boot == 1)
         .map(|i| i.mac);
     let bmc = st.store.bmc(nid).await?.map(bmc_view);
-    let events = st
-        .store
-        .events(nid)
-        .await?
-        .into_iter()
-        .map(event_view)
-        .collect();
+    let events = st.store.events(nid).await?;
     Ok(Json(NodeDetail {
         node: view(&st, n).await?,
         boot_mac,
@@ -277,13 +251,7 @@ async fn delete_node(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let n = find(&st, &id).await?;
-    let macs: Vec<String> = st
-        .store
-        .interfaces(n.id)
-        .await?
-        .into_iter()
-        .map(|i| i.mac)
-        .collect();
+    let macs = st.store.macs(n.id).await?;
     st.store.delete_node(n.id, "api").await?;
     // If the machine netboots again it is discovered anew.
     st.forget_macs(&macs);

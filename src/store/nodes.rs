@@ -27,19 +27,8 @@ pub struct NodeRow {
     pub created_at: String,
 }
 
-/// One row of the append-only audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
-pub struct EventRow {
-    pub id: i64,
-    pub node_id: i64,
-    pub generation: i64,
-    pub from_state: Option<String>,
-    pub event: String,
-    pub to_state: String,
-    pub at: String,
-    pub actor: String,
-    pub detail: Option<String>,
-}
+/// One row of the append-only audit log: the API's view of it, field for field.
+pub type EventRow = crate::wire::EventView;
 
 /// A network interface of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -220,6 +209,16 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// The MACs of a node, boot MAC first.
+    pub async fn macs(&self, node_id: i64) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .interfaces(node_id)
+            .await?
+            .into_iter()
+            .map(|i| i.mac)
+            .collect())
     }
 
     /// The audit log of a node, oldest first.

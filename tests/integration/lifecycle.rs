@@ -273,6 +273,30 @@ impl Harness {
         v["id"].as_i64().unwrap()
     }
 
+    /// `/metrics` has every one of these sample lines.
+    async fn assert_metrics(&self, lines: &[&str]) {
+        let metrics = self.get_text("/metrics").await.1;
+        for l in lines {
+            assert!(metrics.lines().any(|m| m == *l), "{l} not in\n{metrics}");
+        }
+    }
+
+    /// Registers `mac` and starts a reinstall of rocky-9; returns once it netboots.
+    async fn reinstalling(&self, mac: &str) -> i64 {
+        let id = self.register(mac).await;
+        let (s, v) = self
+            .api(
+                reqwest::Method::POST,
+                &format!("/nodes/{id}/reinstall"),
+                Some(json!({"image": "rocky-9"})),
+                None,
+            )
+            .await;
+        assert_eq!(s, 202, "{v}");
+        self.wait_state(id, "netbooting").await;
+        id
+    }
+
     async fn node(&self, id: i64) -> Value {
         let (s, v) = self
             .api(reqwest::Method::GET, &format!("/nodes/{id}"), None, None)
@@ -686,15 +710,7 @@ async fn lost_installed_callback_does_not_reinstall() {
     // The installer's `installed` call never arrived; the installed system's agent does.
     let h = Harness::new(&[], RecordingBmc::default()).await;
     let mac = "52:54:00:aa:bb:08";
-    let id = h.register(mac).await;
-    h.api(
-        reqwest::Method::POST,
-        &format!("/nodes/{id}/reinstall"),
-        Some(json!({"image": "rocky-9"})),
-        None,
-    )
-    .await;
-    h.wait_state(id, "netbooting").await;
+    let id = h.reinstalling(mac).await;
     let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
     let token = token_from_script(&script);
     assert_eq!(h.node(id).await["state"], "installing");
@@ -729,15 +745,7 @@ async fn lost_installed_callback_does_not_reinstall() {
 async fn a_node_changed_after_the_read_is_not_served_the_installer() {
     let h = Harness::new(&[], RecordingBmc::default()).await;
     let mac = "52:54:00:aa:bb:21";
-    let id = h.register(mac).await;
-    h.api(
-        reqwest::Method::POST,
-        &format!("/nodes/{id}/reinstall"),
-        Some(json!({"image": "rocky-9"})),
-        None,
-    )
-    .await;
-    h.wait_state(id, "netbooting").await;
+    let id = h.reinstalling(mac).await;
     // The read the script handler would make...
     let stale = h.st.store.node_by_mac(mac).await.unwrap().unwrap();
     assert_eq!(stale.state, "netbooting");
@@ -760,15 +768,11 @@ async fn a_node_changed_after_the_read_is_not_served_the_installer() {
     );
     let n = h.node(id).await;
     assert_eq!(n["state"], "quarantined");
-    let metrics = h.get_text("/metrics").await.1;
-    assert!(
-        metrics.contains("pxed_http_installers_refused_total 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("pxed_http_installers_served_total 0"),
-        "{metrics}"
-    );
+    h.assert_metrics(&[
+        "pxed_http_installers_refused_total 1",
+        "pxed_http_installers_served_total 0",
+    ])
+    .await;
 }
 
 /// Unknown MACs fetching a script are answered and counted, never stored: nobody on
@@ -786,15 +790,11 @@ async fn unknown_script_fetches_are_not_stored() {
     let (s, v) = h.api(reqwest::Method::GET, "/nodes", None, None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v.as_array().map(Vec::len), Some(0), "{v}");
-    let metrics = h.get_text("/metrics").await.1;
-    assert!(
-        metrics.contains("pxed_http_unknown_scripts_total 50"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("pxed_nodes_discovered_total 0"),
-        "{metrics}"
-    );
+    h.assert_metrics(&[
+        "pxed_http_unknown_scripts_total 50",
+        "pxed_nodes_discovered_total 0",
+    ])
+    .await;
 }
 
 /// An agent that reports `failed` ends the install at once with its own words; no
@@ -803,15 +803,7 @@ async fn unknown_script_fetches_are_not_stored() {
 async fn an_agent_failure_fails_the_node_at_once() {
     let h = Harness::new(&[], RecordingBmc::default()).await;
     let mac = "52:54:00:aa:bb:22";
-    let id = h.register(mac).await;
-    h.api(
-        reqwest::Method::POST,
-        &format!("/nodes/{id}/reinstall"),
-        Some(json!({"image": "rocky-9"})),
-        None,
-    )
-    .await;
-    h.wait_state(id, "netbooting").await;
+    let id = h.reinstalling(mac).await;
     let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
     let token = token_from_script(&script);
     let (s, v) = h
