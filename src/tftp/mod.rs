@@ -161,6 +161,6 @@ mod tests {
         s.render(&mut out);
         assert!(out.contains("pxed_tftp_busy_total 1\n"), "{out}");
         assert!(out.contains("pxed_tftp_active_transfers 1\n"), "{out}");
-        assert_eq!(out.matches("# TYPE").count(), 11);
+        assert_eq!(out.matches("# TYPE").count(), 12);
     }
 }
