@@ -973,23 +973,7 @@ fn check_netmask(m: Ipv4Addr) -> Result<(), String> {
     Ok(())
 }
 
-/// Normalizes a MAC to lower-case `aa:bb:cc:dd:ee:ff`; accepts `:`/`-` separators or none.
-pub fn normalize_mac(s: &str) -> Option<String> {
-    let hex: String = s
-        .chars()
-        .filter(|c| !matches!(c, ':' | '-' | '.'))
-        .collect();
-    if hex.len() != 12 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
-    let hex = hex.to_ascii_lowercase();
-    Some(
-        (0..6)
-            .map(|i| &hex[i * 2..i * 2 + 2])
-            .collect::<Vec<_>>()
-            .join(":"),
-    )
-}
+pub use crate::model::normalize_mac;
 
 #[cfg(test)]
 mod tests {

@@ -342,6 +342,51 @@ impl Driver {
 
 named!(Driver, "driver");
 
+/// Normalizes a MAC to lower-case `aa:bb:cc:dd:ee:ff`; accepts `:`/`-` separators or none.
+pub fn normalize_mac(s: &str) -> Option<String> {
+    let hex: String = s
+        .chars()
+        .filter(|c| !matches!(c, ':' | '-' | '.'))
+        .collect();
+    if hex.len() != 12 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let hex = hex.to_ascii_lowercase();
+    Some(
+        (0..6)
+            .map(|i| &hex[i * 2..i * 2 + 2])
+            .collect::<Vec<_>>()
+            .join(":"),
+    )
+}
+
+/// A client hardware (Ethernet) address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl FromStr for Mac {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Mac, ()> {
+        let n = normalize_mac(s).ok_or(())?;
+        let mut m = [0u8; 6];
+        for (i, part) in n.split(':').enumerate() {
+            m[i] = u8::from_str_radix(part, 16).map_err(|_| ())?;
+        }
+        Ok(Mac(m))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

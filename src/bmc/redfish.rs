@@ -631,7 +631,7 @@ impl RedfishBmc {
         let want_mac = self
             .match_mac
             .as_deref()
-            .map(|m| crate::config::normalize_mac(m).unwrap_or_else(|| m.to_ascii_lowercase()));
+            .map(|m| crate::model::normalize_mac(m).unwrap_or_else(|| m.to_ascii_lowercase()));
         let want_uuid = self.match_uuid.as_deref().map(str::to_ascii_lowercase);
         if want_mac.is_none() && want_uuid.is_none() {
             if members.len() == 1 {
@@ -698,7 +698,7 @@ impl RedfishBmc {
             let nic = self.get(Step::FindSystem, p).await?.body;
             for k in ["MACAddress", "PermanentMACAddress"] {
                 if let Some(v) = nic[k].as_str()
-                    && crate::config::normalize_mac(v).as_deref() == Some(mac)
+                    && crate::model::normalize_mac(v).as_deref() == Some(mac)
                 {
                     return Ok(true);
                 }

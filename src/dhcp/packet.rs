@@ -5,7 +5,6 @@
 //! 151..155), so a hostile packet could panic a debug build. The raw walk also
 //! keeps option 82 byte for byte, so relays get it back unchanged.
 
-use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
@@ -21,32 +20,7 @@ const MAGIC: [u8; 4] = [99, 130, 83, 99];
 /// BOOTP relays and old PXE ROMs expect replies of at least 300 bytes.
 const MIN_REPLY: usize = 300;
 
-/// A client hardware (Ethernet) address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct Mac(pub [u8; 6]);
-
-impl fmt::Display for Mac {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
-    }
-}
-
-impl std::str::FromStr for Mac {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Mac, ()> {
-        let n = crate::config::normalize_mac(s).ok_or(())?;
-        let mut m = [0u8; 6];
-        for (i, part) in n.split(':').enumerate() {
-            m[i] = u8::from_str_radix(part, 16).map_err(|_| ())?;
-        }
-        Ok(Mac(m))
-    }
-}
+pub use crate::model::Mac;
 
 /// Why a packet was not parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
