@@ -2,6 +2,7 @@
 # The pxed lab: a real Debian 12 put on a QEMU VM through pxed, under Redfish power control.
 #
 #   lab/run.sh [--vms N] [--reinstalls N] [--keep] [--no-install] [--fault NAME]
+#              [--firmware ovmf|seabios]
 #
 # As root on a fresh Debian 12 machine, in this order:
 #   1. installs what it needs (.ci/install.sh), builds pxed (release), the Debian 12 disk
@@ -31,7 +32,7 @@
 #   http://10.98.0.1/ inside the namespace: `ip netns exec pxlab curl -s 10.98.0.1/`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-VMS=1 REINSTALLS=2 KEEP=${KEEP:-} INSTALL=1 FAULT=
+VMS=1 REINSTALLS=2 KEEP=${KEEP:-} INSTALL=1 FAULT='' FIRMWARE=ovmf PASSES=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --vms) VMS=$2; shift ;;
@@ -39,6 +40,7 @@ while [ $# -gt 0 ]; do
     --keep) KEEP=1 ;;
     --no-install) INSTALL= ;;
     --fault) FAULT=$2; shift ;;
+    --firmware) FIRMWARE=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -142,7 +144,7 @@ for i in $(seq 1 "$VMS"); do
   MACS+=("52:54:00:98:01:$(printf '%02x' "$i")")
   UUIDS+=("98989898-0001-4000-8000-0000000000$(printf '%02x' "$i")")
   [ -n "$vms_json" ] && vms_json+=","
-  vms_json+="{\"name\":\"vm$i\",\"uuid\":\"${UUIDS[-1]}\",\"mac\":\"${MACS[-1]}\",\"firmware\":\"ovmf\",
+  vms_json+="{\"name\":\"vm$i\",\"uuid\":\"${UUIDS[-1]}\",\"mac\":\"${MACS[-1]}\",\"firmware\":\"$FIRMWARE\",
     \"disk\":\"$W/vm$i.qcow2\",\"disk_size\":\"3G\",\"tap\":\"pxtap$i\",\"memory\":1024,
     \"console\":\"$W/vm$i.console.log\"}"
 done
@@ -226,7 +228,7 @@ for gen in $(seq 1 "$REINSTALLS"); do
     key="lab-reclaim-$id-$gen"
     out=$(api POST "/nodes/$id/reinstall" '{"image":"debian-12"}' "$key")
     again=$(api POST "/nodes/$id/reinstall" '{"image":"debian-12"}' "$key")
-    [ "$out" = "$again" ] || { say "idempotent replay differs: $out vs $again"; FAILED=1; }
+    [ "$out" = "$again" ] || { say "idempotent replay differs: $out vs $again"; FAILED=$((FAILED+1)); }
     say "node $id (vm$i): reinstall generation $(echo "$out" | field generation) requested"
   done
   for i in $(seq 1 "$VMS"); do
@@ -261,15 +263,15 @@ print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "inst
     case "$(expect "$gen")" in
       fail-install)
         if [ "$st" = failed ] && [ "$step" = installing ]; then
-          say "PASS fault $FAULT: node $id failed at installing in ${took}s: $reason"
-        else say "FAIL fault $FAULT: node $id is $st ($step: $reason)"; FAILED=1; diagnose "$id" "$i"; fi
+          PASSES=$((PASSES+1)); say "PASS fault $FAULT: node $id failed at installing in ${took}s: $reason"
+        else say "FAIL fault $FAULT: node $id is $st ($step: $reason)"; FAILED=$((FAILED+1)); diagnose "$id" "$i"; fi
         continue ;;
       fail-netboot)
         if [ "$st" = failed ] && [ "$step" = netbooting ] && [ "$installed" = 0 ] \
            && echo "$reason" | grep -q "never netbooted"; then
-          say "PASS fault $FAULT: node $id never reported reinstalled; failed in ${took}s: $reason"
+          PASSES=$((PASSES+1)); say "PASS fault $FAULT: node $id never reported reinstalled; failed in ${took}s: $reason"
         else say "FAIL fault $FAULT: node $id is $st ($step: $reason), installed $installed times"
-          FAILED=1; diagnose "$id" "$i"; fi
+          FAILED=$((FAILED+1)); diagnose "$id" "$i"; fi
         continue ;;
     esac
     if [ "$FAULT" = poweroff ]; then
@@ -278,17 +280,18 @@ d = json.load(sys.stdin); g = int(sys.argv[1])
 print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "deadline_expired"))' "$gen")
       if [ -z "$cut" ] || [ "$retried" = 0 ]; then
         say "FAIL fault poweroff: power cut $([ -n "$cut" ] && echo sent || echo never sent), $retried retries"
-        FAILED=1
+        FAILED=$((FAILED+1))
       fi
     fi
     if [ "$st" = available ] && [ "$host" = "$want" ]; then
-      say "PASS node $id generation $gen: available in ${took}s as $host"
+      PASSES=$((PASSES+1)); say "PASS node $id generation $gen: available in ${took}s as $host"
     else
       say "FAIL node $id generation $gen: $st, hostname '$host' (want $want): $(echo "$n" | field failed_reason)"
-      FAILED=1; diagnose "$id" "$i"
+      FAILED=$((FAILED+1)); diagnose "$id" "$i"
     fi
   done
   case "$FAULT" in checksum|notfound|poweroff) break ;; esac
 done
 [ "$FAILED" = 0 ] && say "lab passed" || say "lab FAILED"
-exit "$FAILED"
+echo "lab: $PASSES passed, $FAILED failed"
+[ "$FAILED" = 0 ]
