@@ -36,7 +36,7 @@ LOOP=$(losetup --find --show "$tmp/target.img")
 trap 'losetup -d "$LOOP" 2>/dev/null; cleanup' EXIT
 
 mbps() { python3 -c "print('%.1f' % ($SIZE / $1 / 1e6))"; }
-agent=() pipe=()
+agent=() pipe=() piped=()
 for r in $(seq "$RUNS"); do
     t0=$(date +%s.%N)
     target/release/pxed agent write-image --url "$URL" --size "$SIZE" --sha256 "$SHA" --out "$LOOP" >/dev/null
@@ -44,15 +44,23 @@ for r in $(seq "$RUNS"); do
     t0=$(date +%s.%N)
     curl -sS "$URL" | zstd -dc | dd of="$LOOP" bs=4M conv=fsync status=none
     pipe+=("$(echo "$(date +%s.%N) - $t0" | bc)")
-    echo "run $r: agent ${agent[-1]} s, curl|zstd|dd ${pipe[-1]} s" >&2
+    t0=$(date +%s.%N)
+    curl -sS "$URL" | zstd -dc | tee >(sha256sum > "$tmp/sum") | dd of="$LOOP" bs=4M conv=fsync status=none
+    while [ ! -s "$tmp/sum" ]; do sleep 0.01; done
+    [ "$(cut -d' ' -f1 "$tmp/sum")" = "$SHA" ] || { echo "pipe wrote a different image" >&2; exit 1; }
+    rm -f "$tmp/sum"
+    piped+=("$(echo "$(date +%s.%N) - $t0" | bc)")
+    echo "run $r: agent ${agent[-1]} s, curl|zstd|dd ${pipe[-1]} s, with sha256sum ${piped[-1]} s" >&2
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-ma=$(median "${agent[@]}") mp=$(median "${pipe[@]}")
+ma=$(median "${agent[@]}") mp=$(median "${pipe[@]}") mh=$(median "${piped[@]}")
 echo
 echo "Streaming $SIZE raw bytes (zstd over HTTP on loopback) to a loop device, median of $RUNS:"
 printf '  %-44s %8s s  %8s MB/s\n' "pxed agent write-image (verifies SHA-256)" "$ma" "$(mbps "$ma")"
 printf '  %-44s %8s s  %8s MB/s\n' "curl | zstd -d | dd conv=fsync (no check)" "$mp" "$(mbps "$mp")"
-printf '  ratio (agent / pipe): %s\n' "$(python3 -c "print('%.2f' % ($ma / $mp))")"
+printf '  %-44s %8s s  %8s MB/s\n' "curl | zstd -d | tee >(sha256sum) | dd" "$mh" "$(mbps "$mh")"
+printf '  ratio agent / pipe: %s; agent / pipe with sha256sum: %s\n' \
+    "$(python3 -c "print('%.2f' % ($ma / $mp))")" "$(python3 -c "print('%.2f' % ($ma / $mh))")"
 
 if [ -z "${NO_LAB:-}" ]; then
     echo
