@@ -45,7 +45,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-NS=pxlab
+NS=${LAB_NETNS:-pxlab}
 SERVER=10.98.0.1
 CACHE=${PXED_IMAGE_CACHE:-$here/images/cache}
 W=$(mktemp -d /tmp/pxlab.XXXXXX)
