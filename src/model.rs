@@ -255,6 +255,16 @@ impl Arch {
         }
     }
 
+    /// The `${buildarch}` values of the iPXE builds that boot this architecture's
+    /// kernels: on x86_64 BIOS machines `undionly.kpxe` is an i386 build, which loads
+    /// a 64-bit kernel just as well.
+    pub fn ipxe_buildarches(self) -> &'static [&'static str] {
+        match self {
+            Arch::X86_64 => &["x86_64", "i386"],
+            Arch::Arm64 => &["arm64"],
+        }
+    }
+
     /// Debian and Ubuntu's architecture name.
     pub fn debian(self) -> &'static str {
         match self {

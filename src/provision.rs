@@ -169,13 +169,15 @@ async fn install_action(
         }
         let cmdline =
             crate::images::kernel_cmdline(&img.def, arch, &mirror, &config_base, &hostname)?;
-        arches.push(ArchBoot {
-            ipxe_arch: arch.as_str(),
-            label: arch.as_str(),
-            kernel_url: format!("{base}/images/{name}/{}/kernel", arch.as_str()),
-            initrd_url: format!("{base}/images/{name}/{}/initrd", arch.as_str()),
-            cmdline,
-        });
+        for &ipxe_arch in arch.ipxe_buildarches() {
+            arches.push(ArchBoot {
+                ipxe_arch,
+                label: ipxe_arch,
+                kernel_url: format!("{base}/images/{name}/{}/kernel", arch.as_str()),
+                initrd_url: format!("{base}/images/{name}/{}/initrd", arch.as_str()),
+                cmdline: cmdline.clone(),
+            });
+        }
     }
     if arches.is_empty() {
         return Err(ProvisionError::NoArch {

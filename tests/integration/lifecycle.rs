@@ -350,6 +350,11 @@ async fn reinstall_loop_installs_exactly_once() {
     let (s, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
     assert_eq!(s, 200);
     assert!(script.contains("/images/rocky-9/x86_64/kernel"), "{script}");
+    // BIOS machines run an i386 iPXE (undionly.kpxe): it gets the x86_64 media too.
+    assert!(
+        script.contains("iseq ${buildarch} i386 && goto i386"),
+        "{script}"
+    );
     assert!(script.contains("/images/rocky-9/arm64/kernel"), "{script}");
     assert!(script.contains("inst.ks="), "{script}");
     let token = token_from_script(&script);
