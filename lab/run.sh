@@ -283,7 +283,23 @@ print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "dead
         FAILED=$((FAILED+1))
       fi
     fi
-    if [ "$st" = available ] && [ "$host" = "$want" ]; then
+    # The stages must have happened in this order, each exactly where expected.
+    order=$(echo "$n" | python3 -c 'import sys, json
+d = json.load(sys.stdin); g = int(sys.argv[1])
+want = ["reinstall_requested", "netboot_set", "power_cycled", "installer_served", "deploy_started",
+        "deploy_wipe", "deploy_verify", "install_finished", "first_boot_reported", "health_passed"]
+seen = [e["event"] for e in d["events"] if e["generation"] == g]
+pos, last = [], -1
+for w in want:
+    idx = [i for i, e in enumerate(seen) if e == w and i > last]
+    if not idx:
+        print("missing or out of order: " + w); sys.exit()
+    last = idx[0]
+print("ok")' "$gen")
+    if [ "$st" = available ] && [ "$order" != ok ]; then
+      say "FAIL node $id generation $gen: stage timeline $order"; FAILED=$((FAILED+1))
+    fi
+    if [ "$st" = available ] && [ "$host" = "$want" ] && [ "$order" = ok ]; then
       PASSES=$((PASSES+1)); say "PASS node $id generation $gen: available in ${took}s as $host"
     else
       say "FAIL node $id generation $gen: $st, hostname '$host' (want $want): $(echo "$n" | field failed_reason)"
