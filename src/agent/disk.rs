@@ -354,7 +354,12 @@ pub fn grow(disk: &str, n: u32) -> Result<String, DiskError> {
     )?;
     reread_partitions(disk)?;
     let part = partition_path(disk, n);
-    wait_for_node(&part, Duration::from_secs(5))?;
+    if wait_for_node(&part, Duration::from_secs(3)).is_err() {
+        // A kernel without this label's parser ignores BLKRRPART; partx adds the
+        // partitions one by one (BLKPG).
+        run("partx", &["--update", disk])?;
+        wait_for_node(&part, Duration::from_secs(5))?;
+    }
     // e2fsck: 1 = errors corrected, 2 = corrected and reboot wanted (it is not mounted).
     run_with("e2fsck", &["-f", "-p", &part], None, |c| c <= 2)?;
     run("resize2fs", &[&part])?;

@@ -282,11 +282,24 @@ fn transient(s: StatusCode) -> bool {
     s.is_server_error() || s == StatusCode::REQUEST_TIMEOUT || s == StatusCode::TOO_MANY_REQUESTS
 }
 
-/// One GET from `offset` on, sending chunks into `tx` and advancing `offset`.
+fn content_range(resp: &reqwest::Response) -> Option<&str> {
+    resp.headers()
+        .get(CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// The total length in `Content-Range: bytes a-b/total`.
+fn range_total(content_range: &str) -> Option<u64> {
+    content_range.rsplit_once('/')?.1.trim().parse().ok()
+}
+
+/// One GET from `offset` on, sending chunks into `tx` and advancing `offset`. `total`
+/// is the file's length once a response said it.
 async fn attempt(
     client: &reqwest::Client,
     url: &str,
     offset: &mut u64,
+    total: &mut Option<u64>,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<(), Attempt> {
     let mut req = client.get(url);
@@ -305,14 +318,15 @@ async fn attempt(
                 offset: *offset,
             }));
         }
-        StatusCode::OK => {}
+        StatusCode::OK => *total = resp.content_length().or(*total),
+        // The connection dropped after the last byte but before the end was seen.
+        StatusCode::RANGE_NOT_SATISFIABLE
+            if content_range(&resp).and_then(range_total).or(*total) == Some(*offset) =>
+        {
+            return Ok(());
+        }
         StatusCode::PARTIAL_CONTENT => {
-            let got = resp
-                .headers()
-                .get(CONTENT_RANGE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string();
+            let got = content_range(&resp).unwrap_or("").to_string();
             if !got.starts_with(&format!("bytes {offset}-")) {
                 return Err(Attempt::Fatal(StreamError::BadRange {
                     url: url.to_string(),
@@ -320,6 +334,7 @@ async fn attempt(
                     got,
                 }));
             }
+            *total = range_total(&got).or(*total);
         }
         s if transient(s) => return Err(Attempt::Retry(format!("{s}"))),
         s => {
@@ -352,10 +367,11 @@ async fn download(
     retry: &RetryPolicy,
 ) -> Result<u64, Option<StreamError>> {
     let mut offset = 0u64;
+    let mut total = None;
     let mut failures = 0u32;
     loop {
         let before = offset;
-        match attempt(client, url, &mut offset, &tx).await {
+        match attempt(client, url, &mut offset, &mut total, &tx).await {
             Ok(()) => return Ok(offset),
             Err(Attempt::Fatal(e)) => return Err(Some(e)),
             Err(Attempt::WriterGone) => return Err(None),
@@ -450,6 +466,16 @@ mod tests {
             r.push(range.clone());
             r.len() == 1
         };
+        let len = s.data.len();
+        if let (Some(r), false) = (&range, s.ignore_range)
+            && r == &format!("bytes={len}-")
+        {
+            return Response::builder()
+                .status(AxStatus::RANGE_NOT_SATISFIABLE)
+                .header(header::CONTENT_RANGE, format!("bytes */{len}"))
+                .body(Body::empty())
+                .unwrap();
+        }
         let start = match (&range, s.ignore_range) {
             (Some(r), false) => r
                 .strip_prefix("bytes=")
@@ -458,9 +484,13 @@ mod tests {
                 .expect("open-ended range"),
             _ => 0,
         };
-        let len = s.data.len();
         let rest = Bytes::copy_from_slice(&s.data[start..]);
-        let mut resp = Response::builder().header(header::CONTENT_LENGTH, len - start);
+        let cut = s.cut_first_after.filter(|_| first);
+        let mut resp = Response::builder();
+        if cut.is_none() {
+            // A cut response is chunked: the client cannot tell it is complete early.
+            resp = resp.header(header::CONTENT_LENGTH, len - start);
+        }
         resp = if start > 0 {
             resp.status(AxStatus::PARTIAL_CONTENT).header(
                 header::CONTENT_RANGE,
@@ -469,8 +499,8 @@ mod tests {
         } else {
             resp.status(AxStatus::OK)
         };
-        let body = match s.cut_first_after {
-            Some(k) if first => {
+        let body = match cut {
+            Some(k) => {
                 let head = rest.slice(..k);
                 // Send `head`, give it time to reach the client, then break the connection.
                 let parts = futures::stream::unfold(0u8, move |step| {
@@ -601,6 +631,26 @@ mod tests {
             *s.ranges.lock().unwrap(),
             vec![None, Some(format!("bytes={k}-"))]
         );
+    }
+
+    #[tokio::test]
+    async fn cut_after_the_last_byte_completes_on_416() {
+        let raw = raw_image();
+        let (url, s) = start(Server {
+            cut_first_after: Some(raw.len()),
+            ..server(raw.clone())
+        })
+        .await;
+        let img = image(&url, &raw, Compression::None);
+        let (out, _, _) = run(&img, &fast()).await.unwrap();
+        assert!(out == raw);
+        assert_eq!(
+            *s.ranges.lock().unwrap(),
+            vec![None, Some(format!("bytes={}-", raw.len()))]
+        );
+        assert_eq!(range_total("bytes 5-9/10"), Some(10));
+        assert_eq!(range_total("bytes */10"), Some(10));
+        assert_eq!(range_total("bytes 5-9/*"), None);
     }
 
     #[tokio::test]
