@@ -339,9 +339,9 @@ impl Drop for Loop {
 }
 
 /// Wipe, write, grow and configure on a real (loop) block device with the real tools.
-/// Needs root and loop devices: `cargo test --lib agent::tests::loop_device -- --ignored`.
+/// Needs root and loop devices, as the rest of the suite needs root for namespaces
+/// (util-linux and e2fsprogs come from .ci/install.sh).
 #[test]
-#[ignore = "needs root, loop devices, util-linux and e2fsprogs"]
 fn loop_device_wipe_write_grow_configure() {
     let t = tempfile::tempdir().unwrap();
     let (img, target) = (t.path().join("img"), t.path().join("disk"));
