@@ -191,7 +191,7 @@ timeline() { # ID GENERATION: the node's events of that generation, with seconds
   api GET "/nodes/$1" | python3 -c '
 import sys, json, datetime
 d = json.load(sys.stdin); gen = int(sys.argv[1])
-ev = [e for e in d["events"] if e["generation"] == gen or e["event"] == "reinstall_requested" and e["generation"] == gen]
+ev = [e for e in d["events"] if e["generation"] == gen]
 t = lambda s: datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 t0 = t(ev[0]["at"]) if ev else 0
 for e in ev:

@@ -98,16 +98,19 @@ pub async fn boot_action(st: &AppState, mac: &str, base: &str) -> (Action, Strin
 
 /// [`boot_action`] for a node row read a moment ago (it may be stale by now).
 pub async fn boot_action_for(st: &AppState, node: NodeRow, base: &str) -> (Action, String) {
-    let state = node.state.as_str();
-    if state == State::Discovered.as_str() {
+    let state = node.state.parse::<State>().ok();
+    if state == Some(State::Discovered) {
         return (
             Action::Discovery,
             format!("node {} was discovered and is not enrolled", node.id),
         );
     }
-    let installing = state == State::Netbooting.as_str() || state == State::Installing.as_str();
+    let installing = state.is_some_and(State::serves_installer);
     let (true, Some(token)) = (installing, node.boot_token.as_deref()) else {
-        return (Action::LocalBoot, format!("node {} is {state}", node.id));
+        return (
+            Action::LocalBoot,
+            format!("node {} is {}", node.id, node.state),
+        );
     };
     let action = match install_action(st, &node, base, token).await {
         Ok(a) => a,

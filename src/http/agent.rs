@@ -204,9 +204,11 @@ async fn deploy_plan(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, "deploy").await?;
-    if n.state != crate::lifecycle::transition::State::Installing.as_str()
-        && n.state != crate::lifecycle::transition::State::Netbooting.as_str()
-    {
+    let serving = n
+        .state
+        .parse::<crate::model::State>()
+        .is_ok_and(crate::model::State::serves_installer);
+    if !serving {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_installing",
