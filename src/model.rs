@@ -13,19 +13,28 @@ use serde::{Deserialize, Serialize};
 
 /// A name that is not one of the type's values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {kind} `{name}`")]
+#[error("unknown {kind} `{name}` (expected {expected})")]
 pub struct UnknownName {
     /// What was being parsed (`state`, `step`, `arch`, `driver`, `MAC address`).
     pub kind: &'static str,
     /// The text that was given.
     pub name: String,
+    /// What would have been accepted.
+    pub expected: String,
 }
 
-fn unknown(kind: &'static str, name: &str) -> UnknownName {
+fn unknown_of(kind: &'static str, name: &str, expected: String) -> UnknownName {
     UnknownName {
         kind,
         name: name.to_string(),
+        expected,
     }
+}
+
+/// An [`UnknownName`] listing every name of `all`.
+fn unknown<T: fmt::Display>(kind: &'static str, name: &str, all: &[T]) -> UnknownName {
+    let names: Vec<String> = all.iter().map(ToString::to_string).collect();
+    unknown_of(kind, name, names.join(", "))
 }
 
 /// Implements `Display`, `FromStr` and string serde for a fieldless enum with
@@ -45,7 +54,7 @@ macro_rules! named {
                 <$t>::ALL
                     .into_iter()
                     .find(|v| v.as_str() == s)
-                    .ok_or_else(|| unknown($kind, s))
+                    .ok_or_else(|| unknown($kind, s, &<$t>::ALL))
             }
         }
 
@@ -59,6 +68,50 @@ macro_rules! named {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let s = String::deserialize(d)?;
                 s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// Implements `sqlx::Type`, `Encode` and `Decode` for a type stored as TEXT through
+/// its `Display` and `FromStr`, for any database whose `String` does the same (so a
+/// second backend needs nothing here). A stored name the type does not know is a
+/// decode error, never a silent default.
+macro_rules! sql_text {
+    ($t:ty) => {
+        impl<DB: sqlx::Database> sqlx::Type<DB> for $t
+        where
+            String: sqlx::Type<DB>,
+        {
+            fn type_info() -> DB::TypeInfo {
+                <String as sqlx::Type<DB>>::type_info()
+            }
+
+            fn compatible(ty: &DB::TypeInfo) -> bool {
+                <String as sqlx::Type<DB>>::compatible(ty)
+            }
+        }
+
+        impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for $t
+        where
+            String: sqlx::Encode<'q, DB>,
+        {
+            fn encode_by_ref(
+                &self,
+                buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <String as sqlx::Encode<'q, DB>>::encode(self.to_string(), buf)
+            }
+        }
+
+        impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for $t
+        where
+            String: sqlx::Decode<'r, DB>,
+        {
+            fn decode(
+                value: <DB as sqlx::Database>::ValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                Ok(<String as sqlx::Decode<'r, DB>>::decode(value)?.parse::<$t>()?)
             }
         }
     };
@@ -158,6 +211,7 @@ impl State {
 }
 
 named!(State, "state");
+sql_text!(State);
 
 /// One BMC operation of the reclaim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -216,11 +270,28 @@ impl FromStr for Step {
         if let Ok(b) = s.parse::<BmcStep>() {
             return Ok(Step::Bmc(b));
         }
-        s.parse::<State>()
-            .map(Step::Stage)
-            .map_err(|_| unknown("step", s))
+        s.parse::<State>().map(Step::Stage).map_err(|_| {
+            let mut all: Vec<&str> = BmcStep::ALL.iter().map(|b| b.as_str()).collect();
+            all.extend(State::ALL.iter().map(|s| s.as_str()));
+            unknown("step", s, &all)
+        })
     }
 }
+
+impl Serialize for Step {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+sql_text!(Step);
 
 /// A CPU architecture pxed installs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -311,7 +382,7 @@ impl FromStr for Arch {
         Arch::ALL
             .into_iter()
             .find(|a| a.as_str() == s)
-            .ok_or_else(|| unknown("arch", s))
+            .ok_or_else(|| unknown("arch", s, &Arch::ALL))
     }
 }
 
@@ -327,6 +398,74 @@ impl<'de> Deserialize<'de> for Arch {
         s.parse().map_err(serde::de::Error::custom)
     }
 }
+
+sql_text!(Arch);
+
+/// A node's architecture as stored in `nodes.arch`: known, or not reported yet
+/// (stored as `unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NodeArch(pub Option<Arch>);
+
+impl NodeArch {
+    /// Nobody reported it yet.
+    pub const UNKNOWN: NodeArch = NodeArch(None);
+
+    /// The architecture, if known.
+    pub fn known(self) -> Option<Arch> {
+        self.0
+    }
+
+    /// The stored and shown name (`x86_64`, `arm64`, `unknown`).
+    pub fn as_str(self) -> &'static str {
+        self.0.map_or(Arch::UNKNOWN, Arch::as_str)
+    }
+}
+
+impl From<Arch> for NodeArch {
+    fn from(a: Arch) -> Self {
+        NodeArch(Some(a))
+    }
+}
+
+impl fmt::Display for NodeArch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for NodeArch {
+    type Err = UnknownName;
+
+    /// A catalog name or `unknown`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == Arch::UNKNOWN {
+            return Ok(NodeArch(None));
+        }
+        s.parse::<Arch>().map(|a| NodeArch(Some(a))).map_err(|_| {
+            let known: Vec<&str> = Arch::ALL.iter().map(|a| a.as_str()).collect();
+            unknown_of(
+                "arch",
+                s,
+                format!("{} or {}", known.join(", "), Arch::UNKNOWN),
+            )
+        })
+    }
+}
+
+impl Serialize for NodeArch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeArch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+sql_text!(NodeArch);
 
 /// How pxed talks to a node's BMC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -351,6 +490,7 @@ impl Driver {
 }
 
 named!(Driver, "driver");
+sql_text!(Driver);
 
 /// Normalizes a MAC to lower-case `aa:bb:cc:dd:ee:ff`; accepts `:`/`-` separators or none.
 pub fn normalize_mac(s: &str) -> Option<String> {
@@ -386,14 +526,94 @@ impl fmt::Display for Mac {
 }
 
 impl FromStr for Mac {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Mac, ()> {
-        let n = normalize_mac(s).ok_or(())?;
+    type Err = UnknownName;
+
+    /// `aa:bb:cc:dd:ee:ff` in either case, with `:`, `-`, `.` or no separators.
+    fn from_str(s: &str) -> Result<Mac, UnknownName> {
+        let bad = || {
+            unknown_of(
+                "MAC address",
+                s,
+                "six hex octets like 52:54:00:ab:cd:ef".into(),
+            )
+        };
+        let n = normalize_mac(s).ok_or_else(bad)?;
         let mut m = [0u8; 6];
         for (i, part) in n.split(':').enumerate() {
-            m[i] = u8::from_str_radix(part, 16).map_err(|_| ())?;
+            m[i] = u8::from_str_radix(part, 16).map_err(|_| bad())?;
         }
         Ok(Mac(m))
+    }
+}
+
+impl Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+sql_text!(Mac);
+
+/// A node's one-time boot token: authenticates its installer's and agents' callbacks
+/// for one generation. Stored as TEXT in `nodes.boot_token`. It has no `Display` and
+/// its `Debug` is redacted, so a node or event can be logged without leaking it; the
+/// text is taken with [`BootToken::as_str`] where a URL needs it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BootToken(pub String);
+
+impl BootToken {
+    /// The token text, as stored in `nodes.boot_token` and used in callback URLs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for BootToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BootToken(..)")
+    }
+}
+
+impl<DB: sqlx::Database> sqlx::Type<DB> for BootToken
+where
+    String: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <String as sqlx::Type<DB>>::type_info()
+    }
+
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <String as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for BootToken
+where
+    String: sqlx::Encode<'q, DB>,
+{
+    fn encode_by_ref(
+        &self,
+        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<'q, DB>>::encode(self.0.clone(), buf)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for BootToken
+where
+    String: sqlx::Decode<'r, DB>,
+{
+    fn decode(
+        value: <DB as sqlx::Database>::ValueRef<'r>,
+    ) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(BootToken(<String as sqlx::Decode<'r, DB>>::decode(value)?))
     }
 }
 
@@ -423,9 +643,33 @@ mod tests {
         assert!(Arch::valid_node_arch(Arch::UNKNOWN));
         assert!(!Arch::valid_node_arch("sparc"));
         let e = "sleeping".parse::<State>().unwrap_err();
-        assert_eq!(e.to_string(), "unknown state `sleeping`");
+        assert!(
+            e.to_string()
+                .starts_with("unknown state `sleeping` (expected discovered, available,"),
+            "{e}"
+        );
         assert!("ilo".parse::<Driver>().is_err());
         assert!(serde_json::from_str::<Driver>("\"ilo\"").is_err());
+    }
+
+    #[test]
+    fn arch_aliases() {
+        assert_eq!(Arch::parse("aarch64"), Some(Arch::Arm64));
+        assert_eq!(Arch::parse("amd64"), Some(Arch::X86_64));
+        assert_eq!(Arch::parse("riscv64"), None);
+        assert_eq!(Arch::Arm64.debian(), "arm64");
+        assert_eq!("unknown".parse::<NodeArch>(), Ok(NodeArch::UNKNOWN));
+        assert_eq!("arm64".parse::<NodeArch>(), Ok(Arch::Arm64.into()));
+        let e = "sparc".parse::<NodeArch>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown arch `sparc` (expected x86_64, arm64 or unknown)"
+        );
+        let e = "52:54:00".parse::<Mac>().unwrap_err().to_string();
+        assert!(e.starts_with("unknown MAC address `52:54:00`"), "{e}");
+        let m: Mac = "52-54-00-AB-cd-EF".parse().unwrap();
+        assert_eq!(m.to_string(), "52:54:00:ab:cd:ef");
+        assert_eq!(serde_json::to_string(&m).unwrap(), "\"52:54:00:ab:cd:ef\"");
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl AppState {
     }
 
     /// Drops MACs from the discovery cache (their node was deleted).
-    pub fn forget_macs(&self, macs: &[String]) {
+    pub fn forget_macs(&self, macs: &[crate::model::Mac]) {
         self.discovery.forget(macs);
     }
 }

@@ -10,6 +10,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 use tower_http::services::ServeDir;
 
+use crate::model::Mac;
 use crate::script;
 use crate::state::AppState;
 
@@ -62,15 +63,17 @@ async fn boot_script(
     Path(file): Path<String>,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    let Some(mac) = file
-        .strip_suffix(".ipxe")
-        .and_then(|m| crate::config::normalize_mac(&m.replace("%3A", ":").replace("%3a", ":")))
-    else {
+    let Some(mac) = file.strip_suffix(".ipxe").and_then(|m| {
+        m.replace("%3A", ":")
+            .replace("%3a", ":")
+            .parse::<Mac>()
+            .ok()
+    }) else {
         return (StatusCode::NOT_FOUND, "expected /boot/<mac>.ipxe\n").into_response();
     };
     let base = agent::base_url(&st, &headers);
-    let (action, reason) = crate::provision::boot_action(&st, &mac, &base).await;
-    match script::render(&mac, &action, &reason) {
+    let (action, reason) = crate::provision::boot_action(&st, mac, &base).await;
+    match script::render(&mac.to_string(), &action, &reason) {
         Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
         Err(e) => {
             tracing::error!(%mac, error = %e, "rendering boot script");

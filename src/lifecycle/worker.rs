@@ -24,8 +24,6 @@ pub enum ConnectError {
         "no BMC is configured for this node (add one, or power-cycle it by hand and mark it failed/retry)"
     )]
     NoBmc,
-    #[error("unknown BMC driver {0:?}")]
-    Driver(String),
     #[error(transparent)]
     Bmc(#[from] BmcError),
     #[error(transparent)]
@@ -57,14 +55,10 @@ impl StoreBmcs {
             .interfaces(id)
             .await?
             .into_iter()
-            .find(|i| i.is_boot == 1)
-            .map(|i| i.mac);
-        let driver = row
-            .driver
-            .parse::<bmc::Driver>()
-            .map_err(|_| ConnectError::Driver(row.driver.clone()))?;
+            .find(|i| i.is_boot)
+            .map(|i| i.mac.to_string());
         Ok(BmcEndpoint {
-            driver,
+            driver: row.driver,
             address: row.address,
             username: row.username,
             password: Secret::new(password),
@@ -75,7 +69,7 @@ impl StoreBmcs {
             },
             system_id: row.system_id,
             match_uuid: None,
-            tls: if row.tls_insecure == 1 {
+            tls: if row.tls_insecure {
                 TlsPolicy::Insecure
             } else {
                 TlsPolicy::Pinned(row.tls_pin)
@@ -114,7 +108,7 @@ pub struct Lifecycle {
 pub struct NodeChange {
     pub node_id: i64,
     pub event: String,
-    pub state: String,
+    pub state: State,
     pub at: String,
 }
 
@@ -166,7 +160,7 @@ impl Lifecycle {
         let (applied, effects) =
             apply::apply(&self.store, &self.policy, id, event, actor, hooks).await?;
         if matches!(applied.outcome, super::transition::Outcome::Changed(_)) {
-            self.notify(id, event.name(), &applied.node.state);
+            self.notify(id, event.name(), applied.node.state);
         }
         if !effects.is_empty() {
             tracing::debug!(node = id, event = event.name(), to = %applied.node.state, ?effects, "applied");
@@ -178,12 +172,12 @@ impl Lifecycle {
     }
 
     /// Publishes a change (also used for registrations and deletions).
-    pub fn notify(&self, id: i64, event: &str, state: &str) {
+    pub fn notify(&self, id: i64, event: &str, state: State) {
         // No subscribers is fine: nobody is watching the status page.
         let _ = self.changes.send(NodeChange {
             node_id: id,
             event: event.to_string(),
-            state: state.to_string(),
+            state,
             at: crate::store::nodes::now(),
         });
     }
@@ -282,7 +276,7 @@ impl Lifecycle {
         // A backoff may have outlived the plan (quarantined, retried, new generation).
         match self.store.node(id).await {
             Ok(Some(n))
-                if n.state == State::Reclaiming.as_str()
+                if n.state == State::Reclaiming
                     && n.generation == generation
                     && n.attempt == i64::from(attempt) => {}
             Ok(_) => {
@@ -370,18 +364,12 @@ impl Lifecycle {
     /// the override is consumed by a power cycle, so cycling again without setting it
     /// would boot the disk.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, crate::store::StoreError> {
-        let states: Vec<&str> = State::ALL
-            .iter()
-            .filter(|s| s.in_progress())
-            .map(|s| s.as_str())
-            .collect();
+        let states: Vec<State> = State::ALL.into_iter().filter(|s| s.in_progress()).collect();
         let nodes = self.store.nodes_in_states(&states).await?;
         let now = chrono::Utc::now();
         let mut n = 0;
         for row in nodes {
-            let Ok(state) = row.state.parse::<State>() else {
-                continue;
-            };
+            let state = row.state;
             let attempt = u32::try_from(row.attempt).unwrap_or(0);
             let elapsed = parse_time(&row.state_since)
                 .and_then(|t| (now - t).to_std().ok())

@@ -33,7 +33,9 @@ const POOL_SIZE: u32 = 8;
 /// The shared store handle (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Store {
-    pub pool: SqlitePool,
+    /// Private: every query lives in this module's files, so callers never see SQL
+    /// and a second backend changes nothing outside `store`.
+    pool: SqlitePool,
 }
 
 impl Store {

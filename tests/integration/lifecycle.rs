@@ -648,7 +648,25 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
             None,
         )
         .await;
-    assert_eq!((s, v["error"].as_str()), (400, Some("bad_request")));
+    // A value its type rejects is, like an unknown field, well-formed JSON that does
+    // not fit the schema: 422, with the type's own words.
+    assert_eq!((s, v["error"].as_str()), (422, Some("bad_request")));
+    let detail = v["detail"].as_str().unwrap();
+    assert!(detail.contains("unknown MAC address `zz`"), "{detail}");
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            "/nodes",
+            Some(json!({"macs": ["52:54:00:00:00:09"], "arch": "sparc"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 422);
+    let detail = v["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("unknown arch `sparc` (expected x86_64, arm64 or unknown)"),
+        "{detail}"
+    );
     let (s, _) = h
         .api(
             reqwest::Method::POST,
@@ -752,8 +770,13 @@ async fn a_node_changed_after_the_read_is_not_served_the_installer() {
     let mac = "52:54:00:aa:bb:21";
     let id = h.reinstalling(mac).await;
     // The read the script handler would make...
-    let stale = h.st.store.node_by_mac(mac).await.unwrap().unwrap();
-    assert_eq!(stale.state, "netbooting");
+    let stale =
+        h.st.store
+            .node_by_mac(mac.parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(stale.state, pxed::model::State::Netbooting);
     assert!(stale.boot_token.is_some());
     // ...then an operator quarantines the node before the answer goes out.
     let (s, v) = h
