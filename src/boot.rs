@@ -20,11 +20,6 @@ use std::net::{Ipv4Addr, SocketAddr};
 use crate::config::BootConfig;
 use crate::model::Mac;
 
-/// The inventory architecture an option 93 value implies (`None`: not one we install).
-pub fn arch_name(arch: u16) -> Option<&'static str> {
-    crate::model::Arch::from_client_arch(arch).map(crate::model::Arch::as_str)
-}
-
 /// What the DHCP packet told us about the client's boot firmware.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientInfo {
