@@ -51,13 +51,14 @@ impl AppState {
     ) -> Arc<AppState> {
         let policy = Policy::from_config(&cfg.lifecycle);
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
+        let store_health: Arc<dyn Render> = store.health();
         Arc::new(AppState {
             cfg,
             store,
             lifecycle,
             api_token,
             stats: AppStats::default(),
-            renders: Mutex::new(Vec::new()),
+            renders: Mutex::new(vec![store_health]),
             shutdown: cancel,
             discovery: Discovery::default(),
         })

@@ -187,6 +187,11 @@ impl Lifecycle {
         self.changes.subscribe()
     }
 
+    /// How many nodes have a deadline armed.
+    pub fn armed_deadlines(&self) -> usize {
+        self.deadlines.lock().expect("lock").len()
+    }
+
     /// Waits for running effects (shutdown).
     pub async fn drain(&self) {
         self.tasks.close();

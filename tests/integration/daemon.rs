@@ -18,7 +18,9 @@ fn curl(args: &[&str]) -> (bool, String, String) {
 fn healthz_and_boot_script() {
     let d = Daemon::start(&[]);
     let (ok, body, _) = curl(&[&d.url("/healthz")]);
-    assert!(ok && body == "ok\n", "{body}");
+    assert!(ok && body.starts_with("ok\nstore: writable\n"), "{body}");
+    let (ok, body, _) = curl(&["-f", &d.url("/readyz")]);
+    assert!(ok && body == "ready\n", "{body}");
     let (ok, body, _) = curl(&["-f", &d.url("/boot/52:54:00:12:34:56.ipxe")]);
     assert!(ok, "script fetch failed");
     assert!(body.starts_with("#!ipxe\n"), "{body}");

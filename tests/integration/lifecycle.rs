@@ -3,6 +3,7 @@
 //! health → available; deadlines with paused time; idempotency; stale tokens.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -148,11 +149,16 @@ fn file(p: &str) -> ImportedFile {
 
 impl Harness {
     async fn new(env: &[(&str, &str)], bmc: RecordingBmc) -> Harness {
+        Harness::new_in(env, bmc, None).await
+    }
+
+    /// [`Harness::new`] with the store in `data_dir` (default: a temp dir).
+    async fn new_in(env: &[(&str, &str)], bmc: RecordingBmc, data_dir: Option<PathBuf>) -> Harness {
         pxed::net::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let flags = Flags {
             demo: true,
-            data_dir: Some(dir.path().join("data")),
+            data_dir: Some(data_dir.unwrap_or_else(|| dir.path().join("data"))),
             ..Default::default()
         };
         let env: Vec<(String, String)> = env
@@ -865,4 +871,129 @@ async fn an_agent_failure_fails_the_node_at_once() {
         )
         .await;
     assert_eq!(s, 403, "the token was revoked with the failure");
+}
+
+/// A tmpfs mounted for one test, unmounted (lazily) when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs needs root");
+        Tmpfs(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Fills the file system holding `dir` with one file until it refuses more.
+fn fill(dir: &std::path::Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+    path
+}
+
+/// A full disk fails the writes made while it is full, with a JSON reason, and once
+/// space is back every write succeeds again without a restart: a connection left in
+/// the failed transaction is closed, not returned to the pool (it used to refuse
+/// every later write with "attempted to call begin_with at non-zero transaction
+/// depth" until pxed was restarted). `/readyz` says which state the store is in.
+#[tokio::test]
+async fn a_full_disk_fails_writes_and_recovers_without_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&mnt, "6m");
+    let h = Harness::new_in(&[], RecordingBmc::default(), Some(mnt.clone())).await;
+    let first = h.register("52:54:00:aa:cc:01").await;
+    assert_eq!(h.get_text("/readyz").await, (200, "ready\n".into()));
+
+    let filler = fill(&mnt);
+    // Every kind of write fails while the disk is full, and says so.
+    let mut failures = 0;
+    for i in 2..8 {
+        let (s, v) = h
+            .api(
+                reqwest::Method::POST,
+                "/nodes",
+                Some(json!({"macs": [format!("52:54:00:aa:cc:{i:02x}")]})),
+                None,
+            )
+            .await;
+        if s >= 500 {
+            assert!(v["error"].is_string(), "{v}");
+            failures += 1;
+        }
+        let (s, v) = h
+            .node_post(first, "reinstall", Some(json!({"image": "rocky-9"})))
+            .await;
+        if s >= 500 {
+            assert!(v["detail"].is_string(), "{v}");
+            failures += 1;
+        }
+    }
+    assert!(failures > 0, "the disk never filled up");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (s, body) = h.get_text("/readyz").await;
+    assert_eq!(s, 503, "{body}");
+    assert!(body.starts_with("not ready: store:"), "{body}");
+    let (s, body) = h.get_text("/healthz").await;
+    assert!(
+        s == 503 && body.starts_with("degraded\nstore: not writable"),
+        "{body}"
+    );
+
+    // Space is back: the same process takes writes again.
+    std::fs::remove_file(filler).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h.get_text("/readyz").await, (200, "ready\n".into()));
+    let second = h.register("52:54:00:aa:cc:20").await;
+    assert!(second > first);
+    let n = h.node(first).await;
+    if n["state"] == "available" {
+        let (s, v) = h
+            .node_post(first, "reinstall", Some(json!({"image": "rocky-9"})))
+            .await;
+        assert_eq!(s, 202, "{v}");
+    }
+    h.wait_state(first, "netbooting").await;
+    h.assert_metrics(&["pxed_store_writable 1"]).await;
+}
+
+/// A database on a read-only file system is refused at start with the reason (it
+/// used to start, answer `/healthz`, and serve boot scripts that claimed writes).
+#[tokio::test]
+async fn a_read_only_store_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&mnt, "4m");
+    Store::open(&mnt).await.unwrap().close().await;
+    let ok = std::process::Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let e = Store::open(&mnt).await.unwrap_err().to_string();
+    assert!(
+        e.contains("is not writable") && e.contains("Read-only file system"),
+        "{e}"
+    );
 }
