@@ -135,6 +135,30 @@ pub async fn after_recv_error(server: &'static str, e: &std::io::Error) -> bool 
     transient
 }
 
+/// Raises the soft open-files limit to the hard one (systemd gives services 1,024
+/// soft, far more hard) and returns the soft limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!(error = %e, soft, hard, "could not raise the open-files limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => 1024,
+    }
+}
+
+/// The soft open-files limit.
+pub fn fd_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024)
+}
+
 /// Binds a TCP listener.
 pub fn bind_tcp(addr: SocketAddr) -> Result<tokio::net::TcpListener, NetError> {
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))

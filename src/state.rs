@@ -38,6 +38,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Unknown netboot clients seen by DHCP become `discovered` nodes.
     pub discovery: Discovery,
+    /// HTTP connection limits (from the open-files limit at start).
+    pub conn_limits: crate::http::ConnLimits,
 }
 
 impl AppState {
@@ -61,6 +63,7 @@ impl AppState {
             renders: Mutex::new(vec![store_health]),
             shutdown: cancel,
             discovery: Discovery::default(),
+            conn_limits: crate::http::ConnLimits::for_fd_limit(crate::net::fd_limit()),
         })
     }
 

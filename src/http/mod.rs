@@ -1,6 +1,7 @@
 //! HTTP: boot scripts, images and iPXE binaries, health and metrics.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -38,15 +39,176 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `cancel` fires, then drains open connections.
+/// Header-read timeout of an ordinary connection: a client that has not sent a whole
+/// request head by then (including an idle keep-alive connection) is disconnected.
+/// Firmware and agents send theirs at once.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Header-read timeout of a connection taken from the reserve (see [`ConnLimits`]).
+pub const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How many connections HTTP holds at once, and how many of those are kept for the
+/// API, health and metrics when the rest are taken (by a flood of idle connections,
+/// say). Connections beyond both are closed at once and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    pub max: usize,
+    pub reserve: usize,
+}
+
+impl ConnLimits {
+    /// Limits that fit the process's file-descriptor limit: at most half of it goes
+    /// to HTTP connections (TFTP transfers, the store and BMC calls need the rest),
+    /// and at most 4,096.
+    pub fn for_fd_limit(nofile: u64) -> ConnLimits {
+        let max = usize::try_from(nofile / 2)
+            .unwrap_or(usize::MAX)
+            .clamp(16, 4096);
+        ConnLimits {
+            max,
+            reserve: (max / 16).max(4),
+        }
+    }
+}
+
+/// HTTP connection counters, rendered at `/metrics`.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub open: crate::metrics::Gauge,
+    pub reserved: crate::metrics::Counter,
+    pub refused: crate::metrics::Counter,
+    pub accept_errors: crate::metrics::Counter,
+}
+
+impl crate::metrics::Render for ConnStats {
+    fn render(&self, out: &mut String) {
+        use crate::metrics::sample;
+        sample(
+            out,
+            "pxed_http_connections",
+            "Open HTTP connections",
+            "gauge",
+            self.open.get(),
+        );
+        sample(
+            out,
+            "pxed_http_connections_reserved_total",
+            "Connections served from the reserve (API, health and metrics only)",
+            "counter",
+            self.reserved.get(),
+        );
+        sample(
+            out,
+            "pxed_http_connections_refused_total",
+            "Connections closed at once because every slot was taken",
+            "counter",
+            self.refused.get(),
+        );
+        sample(
+            out,
+            "pxed_http_accept_errors_total",
+            "Errors accepting connections (e.g. out of file descriptors)",
+            "counter",
+            self.accept_errors.get(),
+        );
+    }
+}
+
+/// Paths a connection from the reserve may use.
+fn reserved_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics") || path.starts_with("/api/")
+}
+
+/// Serves until `cancel` fires, then drains open connections. Every connection has a
+/// header-read timeout and counts against [`ConnLimits`]; the peer address is
+/// available to handlers as `ConnectInfo<SocketAddr>`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
+    use axum::extract::ConnectInfo;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tokio::sync::Semaphore;
+
+    let limits = state.conn_limits;
+    let stats = Arc::new(ConnStats::default());
+    state.renders.lock().expect("lock").push(stats.clone());
+    let app = router(state);
+    let general = Arc::new(Semaphore::new(limits.max - limits.reserve));
+    let reserve = Arc::new(Semaphore::new(limits.reserve));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            // CANCEL-SAFETY: accept is cancel-safe; nothing was taken yet.
+            _ = cancel.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors (EMFILE/ENFILE) or an aborted handshake:
+                    // count, wait a moment (no busy loop) and go on.
+                    stats.accept_errors.inc();
+                    crate::net::after_recv_error("http", &e).await;
+                    continue;
+                }
+            },
+        };
+        let (permit, reserved) = match general.clone().try_acquire_owned() {
+            Ok(p) => (p, false),
+            Err(_) => match reserve.clone().try_acquire_owned() {
+                Ok(p) => {
+                    stats.reserved.inc();
+                    (p, true)
+                }
+                Err(_) => {
+                    stats.refused.inc();
+                    tracing::debug!(%peer, "HTTP connection refused: every slot is taken");
+                    continue;
+                }
+            },
+        };
+        let app = app.clone();
+        let svc =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                let busy = reserved && !reserved_path(req.uri().path());
+                let app = app.clone();
+                async move {
+                    if busy {
+                        return Ok::<_, std::convert::Infallible>(
+                            (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                [(header::RETRY_AFTER, "1")],
+                                "busy: every connection slot is taken; try again\n",
+                            )
+                                .into_response(),
+                        );
+                    }
+                    Ok(tower::ServiceExt::oneshot(app, req).await.into_response())
+                }
+            });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(if reserved {
+                RESERVE_HEADER_TIMEOUT
+            } else {
+                HEADER_TIMEOUT
+            })
+            .serve_connection(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn);
+        let stats = stats.clone();
+        stats.open.inc();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+            }
+            stats.open.dec();
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// Liveness, per component: `ok` and 200 when pxed can do its job, else `degraded`

@@ -89,6 +89,17 @@ impl Daemon {
 
     /// Like [`Daemon::start`] with a given data dir and environment.
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Self::start_limited(dir, extra, env, None)
+    }
+
+    /// Like [`Daemon::start_in`], with the open-files limit (soft and hard) set to
+    /// `nofile` as a service manager would.
+    pub fn start_limited(
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Daemon {
         let data = dir.path().join("data");
         let mut cmd = Command::new(pxed_bin());
         cmd.current_dir(repo())
@@ -109,6 +120,17 @@ impl Daemon {
             .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork
+            // and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
+                        .map_err(std::io::Error::from)
+                });
+            }
         }
         let mut child = cmd.spawn().expect("spawn pxed");
         let log = Arc::new(Mutex::new(Vec::new()));

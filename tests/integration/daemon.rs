@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::common::{Daemon, need, pxed_bin, repo, run};
+use crate::common::{Daemon, need, poll_blocking, pxed_bin, repo, run};
 
 fn curl(args: &[&str]) -> (bool, String, String) {
     need("curl");
@@ -197,4 +197,65 @@ fn sigterm_with_an_open_event_stream_exits_within_two_seconds() {
     // And the stream was ended, not cut: the server closed it.
     let mut rest = Vec::new();
     let _ = conn.read_to_end(&mut rest);
+}
+
+/// Idle connections cannot take HTTP down: under a service manager's 1,024 open files,
+/// 1,500 connections that never finish their request head fill the ordinary slots
+/// and the reserve, the rest are closed at once, health is answered again within a
+/// second or two from the reserve (1 s header timeout there), and every idle
+/// connection is closed by the 10 s header-read timeout. (Before: all were held
+/// forever and, at the descriptor limit, `/healthz` stopped answering.)
+#[test]
+fn an_idle_connection_flood_leaves_health_answering() {
+    use std::io::Write;
+    use std::time::Instant;
+    let (soft, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    if soft < 4096 {
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
+            .unwrap();
+    }
+    let d = Daemon::start_limited(tempfile::tempdir().unwrap(), &[], &[], Some(1024));
+    let addr: std::net::SocketAddr = d.http.parse().unwrap();
+    let mut flood = Vec::new();
+    for _ in 0..1500 {
+        let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+            break;
+        };
+        let _ = s.write_all(b"GET /ipxe/ HTTP/1.1\r\nHost: x\r\n");
+        flood.push(s);
+    }
+    assert!(flood.len() >= 1200, "opened {}", flood.len());
+    let started = Instant::now();
+    let answered = poll_blocking(Duration::from_secs(5), || {
+        let (ok, body, _) = curl(&["-s", "--max-time", "1", &d.url("/healthz")]);
+        (ok && body.starts_with("ok\n")).then_some(())
+    });
+    assert!(answered.is_some(), "health never answered under the flood");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(4),
+        "health answered after {waited:?}"
+    );
+    let metric = |name: &str| -> Option<f64> {
+        let (_, m, _) = curl(&["-s", "--max-time", "2", &d.url("/metrics")]);
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+    };
+    let refused = poll_blocking(Duration::from_secs(3), || {
+        metric("pxed_http_connections_refused_total")
+    })
+    .unwrap_or(0.0);
+    assert!(refused > 0.0, "no connection was refused");
+    // The header-read timeout closes the idle ones (the flood is still open here).
+    let drained = poll_blocking(Duration::from_secs(15), || {
+        metric("pxed_http_connections").filter(|&open| open <= 2.0)
+    });
+    assert!(
+        drained.is_some(),
+        "idle connections were not closed: {:?}",
+        metric("pxed_http_connections")
+    );
+    drop(flood);
 }
