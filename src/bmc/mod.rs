@@ -691,9 +691,14 @@ mod tests {
         }
     }
 
+    /// A power-state reader that answers `states` in turn (the last one forever) and
+    /// counts its calls.
     fn script(
         states: &[&str],
-    ) -> impl FnMut() -> futures::future::Ready<Result<PowerState, BmcError>> {
+    ) -> (
+        Arc<Mutex<usize>>,
+        impl FnMut() -> futures::future::Ready<Result<PowerState, BmcError>>,
+    ) {
         let v: Vec<PowerState> = states
             .iter()
             .map(|s| match *s {
@@ -702,13 +707,15 @@ mod tests {
                 o => PowerState::Other(o.into()),
             })
             .collect();
-        let i = Mutex::new(0usize);
-        move || {
-            let mut i = i.lock().unwrap();
+        let reads = Arc::new(Mutex::new(0usize));
+        let n = reads.clone();
+        let read = move || {
+            let mut i = n.lock().unwrap();
             let s = v[(*i).min(v.len() - 1)].clone();
             *i += 1;
             futures::future::ready(Ok(s))
-        }
+        };
+        (reads, read)
     }
 
     #[test]
@@ -729,57 +736,127 @@ mod tests {
         assert!(!format!("{ep:?}").contains("hunter2"));
     }
 
-    #[tokio::test]
-    async fn restart_observed_transition_then_on() {
-        let r = observe_restart(
-            &policy(),
-            Driver::Redfish,
-            "ForceRestart",
-            script(&["On", "Off", "Off", "On"]),
-        )
-        .await;
-        assert!(r.is_ok(), "{r:?}");
+    // The clock is paused in the tests below: tokio advances it only when every task
+    // sleeps, so the elapsed times asserted are exact, not "within some slack".
+
+    /// `observe_restart` under `policy()` (observe 30 ms, deadline 100 ms, poll 10 ms):
+    /// a read every 10 ms; once a transition is seen, the wait for On begins with a
+    /// second read at the same instant.
+    #[tokio::test(start_paused = true)]
+    async fn restart_observation_table() {
+        enum Want {
+            Ok,
+            Stuck(&'static str),
+        }
+        let cases: &[(&str, &[&str], Want, u64)] = &[
+            // Transition at 10 ms, On at 20 ms.
+            (
+                "transition then on",
+                &["On", "Off", "Off", "On"],
+                Want::Ok,
+                20,
+            ),
+            // Off from 10 ms on: the last poll is at exactly power_deadline.
+            (
+                "transition, never on",
+                &["On", "Off"],
+                Want::Stuck("Off"),
+                100,
+            ),
+            // The last read inside the observe window (30 ms) still counts as a transition.
+            (
+                "transition at the window's edge",
+                &["On", "On", "On", "Off"],
+                Want::Stuck("Off"),
+                100,
+            ),
+            // No transition within the window and still On: accepted when the window ends.
+            ("never left on", &["On"], Want::Ok, 30),
+            // The transition comes one poll after the window: not looked for.
+            (
+                "transition after the window",
+                &["On", "On", "On", "On", "Off"],
+                Want::Ok,
+                30,
+            ),
+            // Not On at the first read is a transition; On at the deadline is in time.
+            (
+                "on exactly at the deadline",
+                &[
+                    "Paused", "Off", "Off", "Off", "Off", "Off", "Off", "Off", "Off", "Off", "Off",
+                    "On",
+                ],
+                Want::Ok,
+                100,
+            ),
+        ];
+        for (name, states, want, ms) in cases {
+            let start = tokio::time::Instant::now();
+            let (_, read) = script(states);
+            let r = observe_restart(&policy(), Driver::Redfish, "ForceRestart", read).await;
+            let elapsed = start.elapsed();
+            assert_eq!(elapsed, Duration::from_millis(*ms), "{name}: {r:?}");
+            match (want, &r) {
+                (Want::Ok, Ok(())) => {}
+                (
+                    Want::Stuck(last),
+                    Err(BmcError::PowerDidNotChange {
+                        last: l, waited, ..
+                    }),
+                ) => {
+                    assert_eq!(l, last, "{name}");
+                    assert_eq!(*waited, elapsed, "{name}");
+                }
+                _ => panic!("{name}: {r:?}"),
+            }
+        }
     }
 
-    #[tokio::test]
-    async fn restart_transition_without_on_fails() {
-        let r = observe_restart(
-            &policy(),
-            Driver::Redfish,
-            "ForceRestart",
-            script(&["On", "Off"]),
-        )
-        .await;
-        assert!(
-            matches!(r, Err(BmcError::PowerDidNotChange { ref last, .. }) if last == "Off"),
-            "{r:?}"
-        );
+    /// `await_power` polls until the state arrives or the next poll would pass the
+    /// deadline: the last poll is at or before the deadline, never after.
+    #[tokio::test(start_paused = true)]
+    async fn await_power_deadline_table() {
+        // (power_deadline ms, answers before On (None: never), reads, elapsed ms, Ok?)
+        let cases: &[(u64, Option<usize>, usize, u64, bool)] = &[
+            (100, None, 11, 100, false),
+            // 95 is not a multiple of the poll interval: the poll at 100 ms would be late.
+            (95, None, 10, 90, false),
+            // On at the 11th read (t = 100 ms), exactly the deadline: in time.
+            (100, Some(10), 11, 100, true),
+            // On at t = 100 ms, but the deadline was 95 ms: never read.
+            (95, Some(10), 10, 90, false),
+            (0, None, 1, 0, false),
+            (0, Some(0), 1, 0, true),
+        ];
+        for &(deadline, off_reads, want_reads, ms, ok) in cases {
+            let mut p = policy();
+            p.power_deadline = Duration::from_millis(deadline);
+            let mut states = vec!["Off"; off_reads.unwrap_or(1)];
+            if off_reads.is_some() {
+                states.push("On");
+            }
+            let (reads, read) = script(&states);
+            let start = tokio::time::Instant::now();
+            let r = await_power(&p, Driver::Ipmi, "on", PowerState::On, read).await;
+            let case = format!("deadline {deadline} ms, {off_reads:?} Off reads: {r:?}");
+            assert_eq!(start.elapsed(), Duration::from_millis(ms), "{case}");
+            assert_eq!(*reads.lock().unwrap(), want_reads, "{case}");
+            if ok {
+                assert!(r.is_ok(), "{case}");
+            } else {
+                assert!(
+                    matches!(&r, Err(BmcError::PowerDidNotChange { last, waited, .. })
+                        if last == "Off" && *waited == Duration::from_millis(ms)),
+                    "{case}"
+                );
+            }
+        }
     }
 
-    #[tokio::test]
-    async fn restart_unobserved_but_on_is_accepted() {
-        let r = observe_restart(&policy(), Driver::Redfish, "ForceRestart", script(&["On"])).await;
-        assert!(r.is_ok());
-    }
-
-    #[tokio::test]
-    async fn await_power_deadline() {
-        let start = tokio::time::Instant::now();
-        let r = await_power(
-            &policy(),
-            Driver::Ipmi,
-            "on",
-            PowerState::On,
-            script(&["Off"]),
-        )
-        .await;
-        assert!(matches!(r, Err(BmcError::PowerDidNotChange { .. })));
-        assert!(start.elapsed() <= Duration::from_millis(150));
-    }
-
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn retries_stop_on_definite_errors() {
         let n = Mutex::new(0);
+        let start = tokio::time::Instant::now();
         let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
             *n.lock().unwrap() += 1;
             futures::future::ready(Err(BmcError::Protocol {
@@ -792,6 +869,11 @@ mod tests {
         .await;
         assert!(r.is_err());
         assert_eq!(*n.lock().unwrap(), 1);
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "no backoff before a definite no"
+        );
         let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
             *n.lock().unwrap() += 1;
             futures::future::ready(Err(BmcError::Protocol {
@@ -810,20 +892,29 @@ mod tests {
             })
         ));
         assert_eq!(*n.lock().unwrap(), 1 + 3);
+        // Two retries: backoff 1 ms, then doubled to 2 ms.
+        assert_eq!(start.elapsed(), Duration::from_millis(3));
     }
 
-    #[tokio::test]
-    async fn timeout_is_typed() {
+    #[tokio::test(start_paused = true)]
+    async fn timeout_is_typed_and_retried() {
+        let start = tokio::time::Instant::now();
         let r: Result<(), _> = with_retries(&policy(), Driver::Ipmi, Step::Power, || {
             futures::future::pending::<Result<(), BmcError>>()
         })
         .await;
-        assert!(matches!(
-            r,
-            Err(BmcError::Timeout {
-                step: Step::Power,
-                ..
-            })
-        ));
+        assert!(
+            matches!(
+                r,
+                Err(BmcError::Timeout {
+                    step: Step::Power,
+                    after,
+                    ..
+                }) if after == Duration::from_millis(100)
+            ),
+            "{r:?}"
+        );
+        // Three attempts of 100 ms with 1 ms and 2 ms of backoff between them.
+        assert_eq!(start.elapsed(), Duration::from_millis(303));
     }
 }
