@@ -23,6 +23,48 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+/// Implements [`Bmc`] for a driver type from its inherent `async fn`s (`read_power`,
+/// `do_set_boot`, `read_override`, `do_cycle`, `do_power`, `do_check`, `do_close`):
+/// the trait boxes their futures so that it stays object-safe, and this is the one
+/// place that does it. Trait items the driver overrides besides follow the type.
+macro_rules! impl_bmc {
+    ($t:ty $(, $extra:item)* $(,)?) => {
+        impl $crate::bmc::Bmc for $t {
+            fn driver(&self) -> Driver {
+                D
+            }
+            fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+                Box::pin(self.read_power())
+            }
+            fn set_next_boot(
+                &self,
+                next: NextBoot,
+            ) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+                Box::pin(self.do_set_boot(next))
+            }
+            fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+                Box::pin(self.read_override())
+            }
+            fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+                Box::pin(self.do_cycle())
+            }
+            fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+                Box::pin(self.do_power(PowerState::On))
+            }
+            fn power_off(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+                Box::pin(self.do_power(PowerState::Off))
+            }
+            fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>> {
+                Box::pin(self.do_check())
+            }
+            fn close(&self) -> BoxFuture<'_, ()> {
+                Box::pin(self.do_close())
+            }
+            $($extra)*
+        }
+    };
+}
+
 pub mod ipmi;
 pub mod redfish;
 
@@ -278,6 +320,28 @@ pub struct CheckReport {
     pub tls_fingerprint: Option<String>,
     /// Warnings for the technician.
     pub notes: Vec<String>,
+}
+
+impl CheckReport {
+    /// A report of credentials accepted (by `how`) and nothing read yet; the driver
+    /// fills in what the BMC advertises.
+    pub fn new(driver: Driver, address: &str, how: String) -> Self {
+        CheckReport {
+            driver,
+            address: address.to_string(),
+            credentials: Credentials::Accepted { how },
+            identity: None,
+            system: None,
+            power: None,
+            reset_types: vec![],
+            cycle_plan: None,
+            boot_targets: vec![],
+            boot_modes: vec![],
+            boot_override: None,
+            tls_fingerprint: None,
+            notes: vec![],
+        }
+    }
 }
 
 impl fmt::Display for CheckReport {
@@ -579,6 +643,65 @@ where
             r => return r,
         }
     }
+}
+
+/// What one write of the boot override found when it read the override back.
+pub(crate) enum ReadBack {
+    /// It landed; the override as read.
+    Landed(BootOverride),
+    /// It did not: what was written, and what reads back.
+    Differs {
+        /// What was written, in the driver's words.
+        wanted: String,
+        /// What the BMC reports now.
+        got: BootOverride,
+    },
+    /// The write was refused in a way that calls for a new attempt at once (a stale
+    /// ETag): no backoff, and nothing learned about the override.
+    Again,
+}
+
+/// The read-back rule both drivers follow: runs `write` (write the override, read it
+/// back) until it lands, with doubling backoff between attempts, else
+/// [`BmcError::OverrideNotApplied`] naming the last read-back. `write` is told whether
+/// another attempt follows, so that it returns its error rather than
+/// [`ReadBack::Again`] on the last one.
+pub(crate) async fn set_until_read_back<F, Fut>(
+    policy: &CallPolicy,
+    driver: Driver,
+    address: &str,
+    mut write: F,
+) -> Result<BootOverride, BmcError>
+where
+    // Not `AsyncFnMut`: its futures cannot be proven `Send` for `Box::pin` in `impl_bmc!`.
+    F: FnMut(bool) -> Fut,
+    Fut: Future<Output = Result<ReadBack, BmcError>>,
+{
+    let attempts = policy.override_attempts.max(1);
+    let mut delay = policy.backoff;
+    let mut last = None;
+    for attempt in 1..=attempts {
+        let more = attempt < attempts;
+        match write(more).await? {
+            ReadBack::Landed(got) => return Ok(got),
+            ReadBack::Again => {}
+            ReadBack::Differs { wanted, got } => {
+                tracing::warn!(%driver, bmc = %address, attempt, %wanted, %got, "boot override did not stick");
+                last = Some((wanted, got.to_string()));
+                if more {
+                    tokio::time::sleep(delay).await;
+                    delay = delay.saturating_mul(2);
+                }
+            }
+        }
+    }
+    let (wanted, got) = last.unwrap_or_else(|| ("(not written)".into(), "(nothing read)".into()));
+    Err(BmcError::OverrideNotApplied {
+        driver,
+        wanted,
+        got,
+        attempts,
+    })
 }
 
 /// Polls `read` until `done` holds or `deadline` passes; returns the last state and
