@@ -540,6 +540,21 @@ impl BmcError {
         }
     }
 
+    /// The driver that failed.
+    pub fn driver(&self) -> Driver {
+        match self {
+            BmcError::Unreachable { driver, .. }
+            | BmcError::AuthRefused { driver, .. }
+            | BmcError::NotSupported { driver, .. }
+            | BmcError::SystemNotFound { driver, .. }
+            | BmcError::OverrideNotApplied { driver, .. }
+            | BmcError::PowerDidNotChange { driver, .. }
+            | BmcError::Timeout { driver, .. }
+            | BmcError::CertificateMismatch { driver, .. }
+            | BmcError::Protocol { driver, .. } => *driver,
+        }
+    }
+
     /// Short machine-friendly kind, for metrics and the node's failure reason.
     pub fn kind(&self) -> &'static str {
         match self {
