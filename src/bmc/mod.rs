@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
 
 /// Implements [`Bmc`] for a driver type from its inherent `async fn`s (`read_power`,
 /// `do_set_boot`, `read_override`, `do_cycle`, `do_power`, `do_check`, `do_close`):
@@ -167,8 +168,9 @@ pub struct BmcEndpoint {
     pub policy: CallPolicy,
 }
 
-/// Power state as the BMC reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Power state as the BMC reports it. On the wire: its name (`"On"`, `"Paused"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum PowerState {
     /// Powered on.
     On,
@@ -180,6 +182,32 @@ pub enum PowerState {
     PoweringOff,
     /// Anything else the BMC said (e.g. Redfish `Paused`).
     Other(String),
+}
+
+impl PowerState {
+    /// The state Redfish (and `Display`) names `name`; any other name is kept as
+    /// [`PowerState::Other`].
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "On" => PowerState::On,
+            "Off" => PowerState::Off,
+            "PoweringOn" => PowerState::PoweringOn,
+            "PoweringOff" => PowerState::PoweringOff,
+            o => PowerState::Other(o.into()),
+        }
+    }
+}
+
+impl From<String> for PowerState {
+    fn from(name: String) -> Self {
+        PowerState::from_name(&name)
+    }
+}
+
+impl From<PowerState> for String {
+    fn from(p: PowerState) -> Self {
+        p.to_string()
+    }
 }
 
 impl fmt::Display for PowerState {
@@ -207,7 +235,7 @@ pub enum BootTarget {
 }
 
 /// Firmware boot mode for the override.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BootMode {
     /// UEFI.
     Uefi,
@@ -237,8 +265,9 @@ impl NextBoot {
     }
 }
 
-/// Whether the override is active, as read back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Whether the override is active, as read back. On the wire: its Redfish name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum OverrideEnabled {
     /// Not active.
     Disabled,
@@ -250,8 +279,43 @@ pub enum OverrideEnabled {
     Other(String),
 }
 
+impl OverrideEnabled {
+    /// The value Redfish's `BootSourceOverrideEnabled` names `name`; any other name is
+    /// kept as [`OverrideEnabled::Other`].
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "Disabled" => OverrideEnabled::Disabled,
+            "Once" => OverrideEnabled::Once,
+            "Continuous" => OverrideEnabled::Continuous,
+            o => OverrideEnabled::Other(o.into()),
+        }
+    }
+
+    /// The Redfish name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            OverrideEnabled::Disabled => "Disabled",
+            OverrideEnabled::Once => "Once",
+            OverrideEnabled::Continuous => "Continuous",
+            OverrideEnabled::Other(o) => o,
+        }
+    }
+}
+
+impl From<String> for OverrideEnabled {
+    fn from(name: String) -> Self {
+        OverrideEnabled::from_name(&name)
+    }
+}
+
+impl From<OverrideEnabled> for String {
+    fn from(e: OverrideEnabled) -> Self {
+        e.as_str().to_string()
+    }
+}
+
 /// The boot override as the BMC reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootOverride {
     /// Target device in the BMC's words (`Pxe`, `Hdd`, `UefiHttp`, `None`, ...).
     pub target: String,
@@ -276,8 +340,10 @@ impl fmt::Display for BootOverride {
     }
 }
 
-/// Whether the configured credentials were accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Whether the configured credentials were accepted. On the wire:
+/// `{"result": "accepted", "how": ...}` or `{"result": "refused", "message": ...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
 pub enum Credentials {
     /// Accepted; `how` says which auth was used (session, basic, RAKP cipher suite).
     Accepted {
@@ -291,8 +357,10 @@ pub enum Credentials {
     },
 }
 
-/// What a BMC advertises, for `pxed bmc check`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a BMC advertises, for `pxed bmc check`; the API's answer carries it (see
+/// [`crate::wire::BmcCheck`]). It never holds a secret. Fields a peer of another
+/// version leaves out read as empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckReport {
     /// Driver.
     pub driver: Driver,
@@ -301,24 +369,34 @@ pub struct CheckReport {
     /// Credential result.
     pub credentials: Credentials,
     /// Product / firmware / system the BMC describes itself as.
+    #[serde(default)]
     pub identity: Option<String>,
     /// Redfish ComputerSystem path that was selected.
+    #[serde(default)]
     pub system: Option<String>,
     /// Current power state.
+    #[serde(default)]
     pub power: Option<PowerState>,
     /// Reset types offered (Redfish `ResetType@Redfish.AllowableValues`, IPMI chassis control).
+    #[serde(default)]
     pub reset_types: Vec<String>,
     /// The reset that `power_cycle` would use first.
+    #[serde(default)]
     pub cycle_plan: Option<String>,
     /// Boot override targets offered.
+    #[serde(default)]
     pub boot_targets: Vec<String>,
     /// Boot modes offered (empty when the BMC has no mode field).
+    #[serde(default)]
     pub boot_modes: Vec<String>,
     /// Current override.
+    #[serde(default)]
     pub boot_override: Option<BootOverride>,
     /// SHA-256 of the TLS leaf certificate, when https.
+    #[serde(default)]
     pub tls_fingerprint: Option<String>,
     /// Warnings for the technician.
+    #[serde(default)]
     pub notes: Vec<String>,
 }
 
@@ -854,6 +932,39 @@ mod tests {
             futures::future::ready(Ok(s))
         };
         (reads, read)
+    }
+
+    #[test]
+    fn check_report_json() {
+        let mut r = CheckReport::new(Driver::Redfish, "https://bmc", "session".into());
+        r.power = Some(PowerState::Other("Paused".into()));
+        r.boot_override = Some(BootOverride {
+            target: "Pxe".into(),
+            enabled: OverrideEnabled::Once,
+            mode: Some(BootMode::Uefi),
+            http_uri: None,
+        });
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["driver"], "redfish");
+        assert_eq!(v["power"], "Paused");
+        assert_eq!(
+            v["credentials"],
+            serde_json::json!({"result": "accepted", "how": "session"})
+        );
+        assert_eq!(v["boot_override"]["enabled"], "Once");
+        assert_eq!(v["boot_override"]["mode"], "Uefi");
+        assert_eq!(serde_json::from_value::<CheckReport>(v).unwrap(), r);
+        let least: CheckReport = serde_json::from_value(serde_json::json!({
+            "driver": "ipmi", "address": "h",
+            "credentials": {"result": "refused", "message": "no"}}))
+        .unwrap();
+        assert_eq!(
+            least.credentials,
+            Credentials::Refused {
+                message: "no".into()
+            }
+        );
+        assert_eq!((least.power, least.notes.len()), (None, 0));
     }
 
     #[test]

@@ -190,15 +190,11 @@ fn strings(v: &Value) -> Option<Vec<String>> {
     })
 }
 
+/// A field Redfish did not send, in the place of its value.
+const NOT_REPORTED: &str = "(not reported)";
+
 fn parse_power(v: &Value) -> PowerState {
-    match v["PowerState"].as_str() {
-        Some("On") => PowerState::On,
-        Some("Off") => PowerState::Off,
-        Some("PoweringOn") => PowerState::PoweringOn,
-        Some("PoweringOff") => PowerState::PoweringOff,
-        Some(o) => PowerState::Other(o.into()),
-        None => PowerState::Other("(not reported)".into()),
-    }
+    PowerState::from_name(v["PowerState"].as_str().unwrap_or(NOT_REPORTED))
 }
 
 fn parse_boot(v: &Value) -> BootOverride {
@@ -206,15 +202,13 @@ fn parse_boot(v: &Value) -> BootOverride {
     BootOverride {
         target: b["BootSourceOverrideTarget"]
             .as_str()
-            .unwrap_or("(not reported)")
+            .unwrap_or(NOT_REPORTED)
             .into(),
-        enabled: match b["BootSourceOverrideEnabled"].as_str() {
-            Some("Disabled") => OverrideEnabled::Disabled,
-            Some("Once") => OverrideEnabled::Once,
-            Some("Continuous") => OverrideEnabled::Continuous,
-            Some(o) => OverrideEnabled::Other(o.into()),
-            None => OverrideEnabled::Other("(not reported)".into()),
-        },
+        enabled: OverrideEnabled::from_name(
+            b["BootSourceOverrideEnabled"]
+                .as_str()
+                .unwrap_or(NOT_REPORTED),
+        ),
         mode: match b["BootSourceOverrideMode"].as_str() {
             Some("UEFI") => Some(BootMode::Uefi),
             Some("Legacy") => Some(BootMode::Legacy),

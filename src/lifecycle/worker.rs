@@ -443,6 +443,16 @@ impl Lifecycle {
             .map_err(|error| BmcCallError::Bmc { step, error })
     }
 
+    /// `pxed bmc check`: connects to node `id`'s BMC as the worker would (same
+    /// connector, same call policy) and reports what it offers. Nothing is pinned or
+    /// stored: this only looks.
+    pub async fn check_bmc(&self, id: i64) -> Result<bmc::CheckReport, ConnectError> {
+        let b = self.bmcs.connect(&self.store, id).await?;
+        let r = b.check().await;
+        b.close().await;
+        Ok(r?)
+    }
+
     async fn apply_logged(self: &Arc<Self>, id: i64, event: Event, actor: &str) {
         // A concurrent writer (an agent callback) may win the version check: retry a few times.
         for _ in 0..5 {

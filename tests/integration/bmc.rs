@@ -937,11 +937,12 @@ async fn ipmi_check_report() {
     assert!(r.to_string().contains("REFUSED"));
 }
 
-/// `pxed bmc check <node>` on the pxed host, for a node registered through the API,
-/// against both emulators: what the BMC advertises, and a refusal exits non-zero.
+/// `pxed bmc check <node>` from anywhere, knowing only the server's URL and token: the
+/// running server checks the BMC it has registered (against both emulators) and
+/// answers with what the BMC advertises, never the password; a refusal exits non-zero.
 #[tokio::test(flavor = "multi_thread")]
-async fn cli_bmc_check_against_both_emulators() {
-    use crate::common::{Daemon, pxed_bin, repo, run};
+async fn cli_bmc_check_through_the_api() {
+    use crate::common::{Daemon, pxed_bin, run};
     let sushy = Sushy::start();
     let sim = IpmiSim::start();
     sim.ready().await;
@@ -950,7 +951,6 @@ async fn cli_bmc_check_against_both_emulators() {
         &[],
         &[("PXED_API_TOKEN", "cli-token")],
     );
-    let data = d.data_dir();
     let register = |name: &str, bmc: serde_json::Value, mac: &str| {
         let body = serde_json::json!({"name": name, "macs": [mac], "bmc": bmc}).to_string();
         let (ok, out, err) = run(Command::new("curl").args([
@@ -987,31 +987,68 @@ async fn cli_bmc_check_against_both_emulators() {
                            "password": "wrong-password", "system_id": NODE2}),
         "52:54:00:00:10:03",
     );
-    let check = |node: &str| {
-        run(Command::new(pxed_bin())
-            .current_dir(repo())
-            .args(["bmc", "check", node, "--demo", "--data-dir"])
-            .arg(&data))
+    // Somewhere with no config and no data dir: only --url and the token file lead
+    // to the node.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let token = elsewhere.path().join("token");
+    std::fs::write(&token, "cli-token\n").unwrap();
+    let check = |args: &[&str]| {
+        let (ok, out, err) = run(Command::new(pxed_bin())
+            .current_dir(elsewhere.path())
+            .args(["bmc", "check"])
+            .args(args)
+            .arg("--url")
+            .arg(d.url(""))
+            .arg("--token-file")
+            .arg(&token)
+            .env_remove("PXED_URL")
+            .env_remove("PXED_API_TOKEN"));
+        let all = format!("{out}{err}");
+        assert!(
+            !all.contains(PASSWORD) && !all.contains("wrong-password"),
+            "{all}"
+        );
+        (ok, out, err)
     };
-    let (ok, out, err) = check("rf1");
+
+    let (ok, out, err) = check(&["rf1"]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("credentials:  OK"), "{out}");
+    assert!(out.contains("BMC redfish at http://127.0.0.1:"), "{out}");
+    assert!(out.contains("as admin"), "{out}");
+    assert!(out.contains("credentials:  OK (basic"), "{out}");
+    assert!(
+        out.contains(&format!("system:       /redfish/v1/Systems/{NODE2}")),
+        "{out}"
+    );
+    assert!(out.contains("power:        On"), "{out}");
     assert!(
         out.contains("boot targets: Pxe, Cd, Hdd, UefiHttp"),
         "{out}"
     );
-    assert!(out.contains("ForceRestart"), "{out}");
-    assert!(!format!("{out}{err}").contains(PASSWORD));
+    assert!(out.contains("power cycle:  ForceRestart"), "{out}");
 
-    let (ok, out, err) = check("ipmi1");
+    // --json is the API's own type.
+    let (ok, out, err) = check(&["52-54-00-00-10-01", "--json"]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("credentials:  OK"), "{out}");
-    assert!(out.contains("PowerCycle"), "{out}");
-    assert!(out.contains("identity:     IPMI 2.0"), "{out}");
+    let v: pxed::wire::BmcCheck = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.bmc.username, "admin");
+    assert_eq!(v.report.driver, Driver::Redfish);
+    assert_eq!(v.report.power, Some(PowerState::On));
+    assert_eq!(v.report.boot_targets, ["Pxe", "Cd", "Hdd", "UefiHttp"]);
+    assert!(v.report.reset_types.iter().any(|r| r == "ForceRestart"));
 
-    let (ok, out, err) = check("rf-bad");
+    let (ok, out, err) = check(&["ipmi1"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("credentials:  OK (RMCP+ cipher suite 3"),
+        "{out}"
+    );
+    assert!(out.contains("identity:     IPMI 2.0"), "{out}");
+    assert!(out.contains("power:        Off"), "{out}");
+    assert!(out.contains("PowerCycle"), "{out}");
+
+    let (ok, out, err) = check(&["rf-bad"]);
     assert!(!ok, "{out}{err}");
     assert!(out.contains("REFUSED"), "{out}");
     assert!(err.contains("refused the credentials"), "{err}");
-    assert!(!format!("{out}{err}").contains("wrong-password"));
 }
