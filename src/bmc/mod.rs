@@ -843,25 +843,9 @@ where
             tracing::warn!(%driver, action, "restart not observed (no transition within the observe window); accepting the acknowledged reset and final On");
             return Ok(());
         }
-        return Err(BmcError::PowerDidNotChange {
-            driver,
-            action: action.into(),
-            last: s.to_string(),
-            waited: start.elapsed(),
-        });
+        return Err(did_not_change(driver, action, &s, start));
     }
-    let rest = policy.power_deadline.saturating_sub(start.elapsed());
-    let (s, on) = poll_power(policy, rest, &mut read, |s| *s == PowerState::On).await?;
-    if on {
-        Ok(())
-    } else {
-        Err(BmcError::PowerDidNotChange {
-            driver,
-            action: action.into(),
-            last: s.to_string(),
-            waited: start.elapsed(),
-        })
-    }
+    power_reaches(policy, driver, action, PowerState::On, start, read).await
 }
 
 /// Waits until the power state is `want`, else [`BmcError::PowerDidNotChange`].
@@ -877,16 +861,41 @@ where
     Fut: Future<Output = Result<PowerState, BmcError>>,
 {
     let start = tokio::time::Instant::now();
-    let (s, ok) = poll_power(policy, policy.power_deadline, read, |s| *s == want).await?;
-    if ok {
-        Ok(())
-    } else {
-        Err(BmcError::PowerDidNotChange {
-            driver,
-            action: action.into(),
-            last: s.to_string(),
-            waited: start.elapsed(),
-        })
+    power_reaches(policy, driver, action, want, start, read).await
+}
+
+/// Polls until the power state is `want`, at most until `power_deadline` after `since`
+/// (when the action was acknowledged).
+async fn power_reaches<F, Fut>(
+    policy: &CallPolicy,
+    driver: Driver,
+    action: &str,
+    want: PowerState,
+    since: tokio::time::Instant,
+    read: F,
+) -> Result<(), BmcError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<PowerState, BmcError>>,
+{
+    let left = policy.power_deadline.saturating_sub(since.elapsed());
+    match poll_power(policy, left, read, |s| *s == want).await? {
+        (_, true) => Ok(()),
+        (last, false) => Err(did_not_change(driver, action, &last, since)),
+    }
+}
+
+fn did_not_change(
+    driver: Driver,
+    action: &str,
+    last: &PowerState,
+    since: tokio::time::Instant,
+) -> BmcError {
+    BmcError::PowerDidNotChange {
+        driver,
+        action: action.into(),
+        last: last.to_string(),
+        waited: since.elapsed(),
     }
 }
 
@@ -1102,47 +1111,41 @@ mod tests {
         }
     }
 
+    /// What `with_retries` does with each kind of protocol answer under `policy()`
+    /// (2 retries, backoff 1 ms doubling).
     #[tokio::test(start_paused = true)]
-    async fn retries_stop_on_definite_errors() {
-        let n = Mutex::new(0);
-        let start = tokio::time::Instant::now();
-        let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
-            *n.lock().unwrap() += 1;
-            futures::future::ready(Err(BmcError::Protocol {
-                driver: Driver::Redfish,
-                step: Step::SetBoot,
-                status: Some(400),
-                message: "bad".into(),
-            }))
-        })
-        .await;
-        assert!(r.is_err());
-        assert_eq!(*n.lock().unwrap(), 1);
-        assert_eq!(
-            start.elapsed(),
-            Duration::ZERO,
-            "no backoff before a definite no"
-        );
-        let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
-            *n.lock().unwrap() += 1;
-            futures::future::ready(Err(BmcError::Protocol {
-                driver: Driver::Redfish,
-                step: Step::SetBoot,
-                status: Some(500),
-                message: "oops".into(),
-            }))
-        })
-        .await;
-        assert!(matches!(
-            r,
-            Err(BmcError::Protocol {
-                status: Some(500),
-                ..
+    async fn retries_table() {
+        // (status, calls made, ms spent backing off)
+        let cases = [
+            // A definite no: no retry, no backoff.
+            (Some(400), 1, 0),
+            // 501 is definite too (sushy's PowerCycle): the caller falls back instead.
+            (Some(501), 1, 0),
+            (Some(500), 3, 1 + 2),
+            (Some(503), 3, 1 + 2),
+            // An unparseable answer may be a proxy's hiccup.
+            (None, 3, 1 + 2),
+        ];
+        for (status, calls, ms) in cases {
+            let n = Mutex::new(0);
+            let start = tokio::time::Instant::now();
+            let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
+                *n.lock().unwrap() += 1;
+                futures::future::ready(Err(BmcError::Protocol {
+                    driver: Driver::Redfish,
+                    step: Step::SetBoot,
+                    status,
+                    message: "no".into(),
+                }))
             })
-        ));
-        assert_eq!(*n.lock().unwrap(), 1 + 3);
-        // Two retries: backoff 1 ms, then doubled to 2 ms.
-        assert_eq!(start.elapsed(), Duration::from_millis(3));
+            .await;
+            assert!(
+                matches!(r, Err(BmcError::Protocol { status: s, .. }) if s == status),
+                "{status:?}: {r:?}"
+            );
+            assert_eq!(*n.lock().unwrap(), calls, "{status:?}");
+            assert_eq!(start.elapsed(), Duration::from_millis(ms), "{status:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
