@@ -18,17 +18,13 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use crate::config::BootConfig;
-
-/// The inventory architecture an option 93 value implies (`None`: not one we install).
-pub fn arch_name(arch: u16) -> Option<&'static str> {
-    crate::model::Arch::from_client_arch(arch).map(crate::model::Arch::as_str)
-}
+use crate::model::Mac;
 
 /// What the DHCP packet told us about the client's boot firmware.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientInfo {
-    /// Normalized MAC (`aa:bb:cc:dd:ee:ff`).
-    pub mac: String,
+    /// The client's hardware address (`chaddr`).
+    pub mac: Mac,
     /// Option 93 (client system architecture), or the `Arch:` field of option 60.
     pub arch: Option<u16>,
     /// Option 60 (vendor class identifier), lossily decoded.
@@ -195,7 +191,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    const MAC: &str = "52:54:00:12:34:56";
+    const MAC: Mac = Mac([0x52, 0x54, 0, 0x12, 0x34, 0x56]);
     const IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
     const BASE: &str = "http://10.0.0.1:8080";
 
@@ -212,7 +208,7 @@ mod tests {
 
     fn pxe(arch: u16) -> ClientInfo {
         ClientInfo {
-            mac: MAC.into(),
+            mac: MAC,
             arch: Some(arch),
             vendor_class: Some(format!("PXEClient:Arch:{arch:05}:UNDI:003016")),
             ..Default::default()
@@ -264,7 +260,7 @@ mod tests {
             ..pxe(0)
         };
         let ipxe_bare = ClientInfo {
-            mac: MAC.into(),
+            mac: MAC,
             user_class_ipxe: true,
             ..Default::default()
         };
@@ -273,7 +269,7 @@ mod tests {
             ..pxe(0)
         };
         let plain = ClientInfo {
-            mac: MAC.into(),
+            mac: MAC,
             vendor_class: Some("udhcp 1.36.1".into()),
             ..Default::default()
         };
@@ -319,7 +315,7 @@ mod tests {
     #[test]
     fn option_93_alone_is_a_boot_client() {
         let c = ClientInfo {
-            mac: MAC.into(),
+            mac: MAC,
             arch: Some(7),
             ..Default::default()
         };
@@ -329,7 +325,7 @@ mod tests {
     #[test]
     fn per_mac_overrides_firmware_rows_only() {
         let mut c = cfg();
-        c.per_mac.insert(MAC.into(), "spark-snponly.efi".into());
+        c.per_mac.insert(MAC, "spark-snponly.efi".into());
         assert_eq!(choose(&pxe(11), &c, IP, BASE), tftp("spark-snponly.efi"));
         assert_eq!(choose(&pxe(0), &c, IP, BASE), tftp("spark-snponly.efi"));
         assert_eq!(
@@ -342,7 +338,7 @@ mod tests {
         };
         assert_eq!(choose(&ipxe, &c, IP, BASE), script());
         let other = ClientInfo {
-            mac: "52:54:00:00:00:01".into(),
+            mac: Mac([0x52, 0x54, 0, 0, 0, 1]),
             ..pxe(11)
         };
         assert_eq!(choose(&other, &c, IP, BASE), tftp("ipxe-arm64.efi"));

@@ -14,6 +14,7 @@ use crate::wire::{
 };
 
 use crate::config::Flags as ServerArgs;
+use crate::model::{Driver, Mac, NodeArch};
 
 /// Where the API is and how to authenticate.
 #[derive(Args, Debug, Clone)]
@@ -44,14 +45,15 @@ pub enum NodeCmd {
     Add {
         /// MAC addresses (the first is the boot NIC).
         #[arg(long = "mac", required = true)]
-        macs: Vec<String>,
+        macs: Vec<Mac>,
         #[arg(long)]
         name: Option<String>,
+        /// x86_64, arm64 or unknown (the default: learnt from DHCP or the agent).
         #[arg(long)]
-        arch: Option<String>,
+        arch: Option<NodeArch>,
         /// BMC driver: redfish or ipmi.
         #[arg(long, requires = "bmc_address")]
-        bmc_driver: Option<String>,
+        bmc_driver: Option<Driver>,
         #[arg(long)]
         bmc_address: Option<String>,
         #[arg(long)]
@@ -281,19 +283,23 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
-fn or_dash(v: &Option<String>) -> String {
-    v.clone().unwrap_or_else(|| "-".into())
+fn or_dash<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".into(), ToString::to_string)
 }
 
 fn node_row(n: &NodeView) -> Vec<String> {
     vec![
         n.id.to_string(),
         or_dash(&n.hostname),
-        n.state.clone(),
+        n.state.to_string(),
         n.since.clone(),
         n.generation.to_string(),
-        n.arch.clone(),
-        n.macs.join(","),
+        n.arch.to_string(),
+        n.macs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         match &n.failed_step {
             None => String::new(),
             Some(st) => format!("{st}: {}", or_dash(&n.failed_reason)),
@@ -355,7 +361,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                                 e.generation.to_string(),
                                 or_dash(&e.from_state),
                                 e.event.clone(),
-                                e.to_state.clone(),
+                                e.to_state.to_string(),
                                 e.actor.clone(),
                                 or_dash(&e.detail),
                             ]

@@ -231,7 +231,7 @@ pub struct BootConfig {
     pub uefi_arm64: String,
     pub http_x64: String,
     pub http_arm64: String,
-    pub per_mac: BTreeMap<String, String>,
+    pub per_mac: BTreeMap<crate::model::Mac, String>,
 }
 
 /// Validated TFTP server settings.
@@ -789,8 +789,9 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     let b = w.boot.unwrap_or_default();
     let mut per_mac = BTreeMap::new();
     for (k, v) in b.per_mac.unwrap_or_default() {
-        let mac = normalize_mac(&k)
-            .ok_or_else(|| invalid("boot.per_mac", format!("`{k}` is not a MAC address")))?;
+        let mac = k
+            .parse::<crate::model::Mac>()
+            .map_err(|e| invalid("boot.per_mac", e.to_string()))?;
         per_mac.insert(mac, v);
     }
     let boot = BootConfig {

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use crate::lifecycle::worker::Lifecycle;
 use crate::metrics::Counter;
+use crate::model::{Arch, Mac, State};
 use crate::store::Store;
 
 /// How many MACs the known-MAC cache holds before it starts over. The store decides
@@ -19,21 +20,21 @@ pub const KNOWN_MACS_CAP: usize = 65_536;
 /// The known-MAC cache and the discovery counter.
 #[derive(Debug, Default)]
 pub struct Discovery {
-    known: Mutex<HashSet<String>>,
+    known: Mutex<HashSet<Mac>>,
     /// Machines registered as discovered.
     pub discovered: Counter,
 }
 
 impl Discovery {
     /// Drops MACs from the cache (their node was deleted, so DHCP may rediscover them).
-    pub fn forget(&self, macs: &[String]) {
+    pub fn forget(&self, macs: &[Mac]) {
         let mut known = self.known.lock().expect("lock");
         for m in macs {
             known.remove(m);
         }
     }
 
-    fn remember(&self, macs: impl IntoIterator<Item = String>) {
+    fn remember(&self, macs: impl IntoIterator<Item = Mac>) {
         let mut known = self.known.lock().expect("lock");
         for m in macs {
             if known.len() >= KNOWN_MACS_CAP {
@@ -59,16 +60,13 @@ impl Discovery {
     ) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 256).await > 0 {
-            let mut new: Vec<(String, Option<String>)> = Vec::new();
+            let mut new: Vec<(Mac, Option<Arch>)> = Vec::new();
             {
                 let known = self.known.lock().expect("lock");
                 for seen in batch.drain(..) {
-                    let Some(mac) = crate::config::normalize_mac(&seen.mac) else {
-                        continue;
-                    };
+                    let mac = seen.mac;
                     if !known.contains(&mac) && !new.iter().any(|(m, _)| *m == mac) {
-                        let arch = seen.arch.and_then(crate::boot::arch_name).map(String::from);
-                        new.push((mac, arch));
+                        new.push((mac, seen.arch.and_then(Arch::from_client_arch)));
                     }
                 }
             }
@@ -79,11 +77,7 @@ impl Discovery {
                 Ok(created) => {
                     for (id, mac) in &created {
                         self.discovered.inc();
-                        lifecycle.notify(
-                            *id,
-                            "registered",
-                            crate::model::State::Discovered.as_str(),
-                        );
+                        lifecycle.notify(*id, "registered", State::Discovered);
                         tracing::info!(node = id, %mac, "discovered a new machine");
                     }
                     self.remember(new.into_iter().map(|(m, _)| m));
@@ -103,15 +97,16 @@ mod tests {
     #[test]
     fn the_cache_is_bounded() {
         let d = Discovery::default();
-        d.remember((0..KNOWN_MACS_CAP + 10).map(|i| format!("m{i}")));
+        let mac = |i: usize| {
+            let b = (i as u32).to_be_bytes();
+            Mac([0x52, 0x54, b[0], b[1], b[2], b[3]])
+        };
+        d.remember((0..KNOWN_MACS_CAP + 10).map(mac));
         assert!(d.cached() <= KNOWN_MACS_CAP);
         assert!(d.cached() >= 10);
-        d.forget(&[format!("m{}", KNOWN_MACS_CAP + 9)]);
-        assert!(
-            !d.known
-                .lock()
-                .unwrap()
-                .contains(&format!("m{}", KNOWN_MACS_CAP + 9))
-        );
+        let last = mac(KNOWN_MACS_CAP + 9);
+        assert!(d.known.lock().unwrap().contains(&last));
+        d.forget(&[last]);
+        assert!(!d.known.lock().unwrap().contains(&last));
     }
 }

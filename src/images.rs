@@ -727,7 +727,7 @@ repo = "a/"
             parse_image(&top, p),
             Err(ImageError::Parse { .. })
         ));
-        let arch = GOOD.replace("x86_64", "sparc");
+        let arch = GOOD.replace(Arch::X86_64.as_str(), "sparc");
         assert!(matches!(
             parse_image(&arch, p),
             Err(ImageError::Parse { .. })
@@ -835,11 +835,7 @@ repo = "a/"
     }
 
     #[test]
-    fn arch_names() {
-        assert_eq!(Arch::parse("aarch64"), Some(Arch::Arm64));
-        assert_eq!(Arch::parse("amd64"), Some(Arch::X86_64));
-        assert_eq!(Arch::parse("riscv64"), None);
-        assert_eq!(Arch::Arm64.debian(), "arm64");
+    fn mirror_urls() {
         assert_eq!(mirror_url("http://m/x/", "/a/b"), "http://m/x/a/b");
     }
 

@@ -225,7 +225,7 @@ fn want_family(ctx: &InstallContext<'_>, family: Family) -> Result<(), InstallEr
 fn installed_json(ctx: &InstallContext<'_>) -> String {
     serde_json::to_string(&InstalledReport {
         hostname: ctx.hostname.clone(),
-        arch: ctx.arch.as_str().into(),
+        arch: ctx.arch,
     })
     .expect("a struct of strings serializes")
 }

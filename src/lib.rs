@@ -4,16 +4,16 @@
 //! every node's lifecycle in SQLite, and drives BMCs. See `shared/DESIGN.md` for the
 //! architecture; each server takes an already-bound socket and a cancellation token.
 
-pub mod agent;
-pub mod app;
+pub(crate) mod agent;
+pub(crate) mod app;
 pub mod bmc;
-pub mod boot;
+pub(crate) mod boot;
 pub mod cli;
-pub mod client;
+pub(crate) mod client;
 pub mod config;
 pub mod dhcp;
-pub mod discovery;
-pub mod hostname;
+pub(crate) mod discovery;
+pub(crate) mod hostname;
 pub mod http;
 pub mod images;
 pub mod install;

@@ -13,30 +13,69 @@ use serde::{Deserialize, Serialize};
 
 /// A name that is not one of the type's values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {kind} `{name}`")]
+#[error("unknown {kind} `{name}` (expected {expected})")]
 pub struct UnknownName {
     /// What was being parsed (`state`, `step`, `arch`, `driver`, `MAC address`).
     pub kind: &'static str,
     /// The text that was given.
     pub name: String,
+    /// What would have been accepted.
+    pub expected: String,
 }
 
-fn unknown(kind: &'static str, name: &str) -> UnknownName {
+fn unknown_of(kind: &'static str, name: &str, expected: String) -> UnknownName {
     UnknownName {
         kind,
         name: name.to_string(),
+        expected,
     }
 }
 
-/// Implements `Display`, `FromStr` and string serde for a fieldless enum with
-/// `ALL` and `as_str`.
-macro_rules! named {
-    ($t:ty, $kind:literal) => {
+/// An [`UnknownName`] listing every name of `all`.
+fn unknown<T: fmt::Display>(kind: &'static str, name: &str, all: &[T]) -> UnknownName {
+    let names: Vec<String> = all.iter().map(ToString::to_string).collect();
+    unknown_of(kind, name, names.join(", "))
+}
+
+/// Implements `Display` through `as_str`.
+macro_rules! as_str_display {
+    ($t:ty) => {
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(self.as_str())
             }
         }
+    };
+}
+
+/// Declares a fieldless enum whose values have one name each, with `ALL` (declaration
+/// order), `as_str`, `Display`, `FromStr` (exactly those names), serde and sqlx.
+macro_rules! names {
+    (
+        $(#[$meta:meta])*
+        pub enum $t:ident ($kind:literal) {
+            $( $(#[$vmeta:meta])* $v:ident => $name:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $t {
+            $( $(#[$vmeta])* $v, )+
+        }
+
+        impl $t {
+            /// Every value, in declaration order.
+            pub const ALL: [$t; [$(stringify!($v)),+].len()] = [$($t::$v),+];
+
+            /// The name stored in the database and used in the API, CLI and config.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($t::$v => $name,)+
+                }
+            }
+        }
+
+        as_str_display!($t);
 
         impl FromStr for $t {
             type Err = UnknownName;
@@ -45,13 +84,23 @@ macro_rules! named {
                 <$t>::ALL
                     .into_iter()
                     .find(|v| v.as_str() == s)
-                    .ok_or_else(|| unknown($kind, s))
+                    .ok_or_else(|| unknown($kind, s, &<$t>::ALL))
             }
         }
 
+        text!($t);
+    };
+}
+
+/// Implements serde (a string) and `sqlx::Type`, `Encode` and `Decode` (TEXT) through
+/// the type's `Display` and `FromStr`; sqlx for any database whose `String` is TEXT, so
+/// a second backend needs nothing here. A stored or sent name the type does not know
+/// is an error, never a silent default.
+macro_rules! text {
+    ($t:ty) => {
         impl Serialize for $t {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.as_str())
+                s.collect_str(self)
             }
         }
 
@@ -61,61 +110,70 @@ macro_rules! named {
                 s.parse().map_err(serde::de::Error::custom)
             }
         }
+
+        impl<DB: sqlx::Database> sqlx::Type<DB> for $t
+        where
+            String: sqlx::Type<DB>,
+        {
+            fn type_info() -> DB::TypeInfo {
+                <String as sqlx::Type<DB>>::type_info()
+            }
+
+            fn compatible(ty: &DB::TypeInfo) -> bool {
+                <String as sqlx::Type<DB>>::compatible(ty)
+            }
+        }
+
+        impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for $t
+        where
+            String: sqlx::Encode<'q, DB>,
+        {
+            fn encode_by_ref(
+                &self,
+                buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <String as sqlx::Encode<'q, DB>>::encode(self.to_string(), buf)
+            }
+        }
+
+        impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for $t
+        where
+            String: sqlx::Decode<'r, DB>,
+        {
+            fn decode(
+                value: <DB as sqlx::Database>::ValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                Ok(<String as sqlx::Decode<'r, DB>>::decode(value)?.parse::<$t>()?)
+            }
+        }
     };
 }
 
-/// A node's lifecycle state, stored as TEXT in `nodes.state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum State {
-    /// Seen on the wire (DHCP/iPXE), not yet accepted by an operator.
-    Discovered,
-    /// Installed, healthy, free to allocate.
-    Available,
-    /// Handed to a user.
-    Allocated,
-    /// Setting one-time network boot on the BMC and power-cycling.
-    Reclaiming,
-    /// Power-cycled; waiting for the node to fetch its iPXE script.
-    Netbooting,
-    /// The installer has been served; waiting for its `installed` callback.
-    Installing,
-    /// Installed; waiting for the first-boot report and the health verdict.
-    FirstBoot,
-    /// A step failed; `failure` says which and why.
-    Failed,
-    /// Held out of service (hardware no longer matches its size).
-    Quarantined,
+names! {
+    /// A node's lifecycle state, stored as TEXT in `nodes.state`.
+    pub enum State ("state") {
+        /// Seen on the wire (DHCP/iPXE), not yet accepted by an operator.
+        Discovered => "discovered",
+        /// Installed, healthy, free to allocate.
+        Available => "available",
+        /// Handed to a user.
+        Allocated => "allocated",
+        /// Setting one-time network boot on the BMC and power-cycling.
+        Reclaiming => "reclaiming",
+        /// Power-cycled; waiting for the node to fetch its iPXE script.
+        Netbooting => "netbooting",
+        /// The installer has been served; waiting for its `installed` callback.
+        Installing => "installing",
+        /// Installed; waiting for the first-boot report and the health verdict.
+        FirstBoot => "first_boot",
+        /// A step failed; `failure` says which and why.
+        Failed => "failed",
+        /// Held out of service (hardware no longer matches its size).
+        Quarantined => "quarantined",
+    }
 }
 
 impl State {
-    /// Every state, in lifecycle order.
-    pub const ALL: [State; 9] = [
-        State::Discovered,
-        State::Available,
-        State::Allocated,
-        State::Reclaiming,
-        State::Netbooting,
-        State::Installing,
-        State::FirstBoot,
-        State::Failed,
-        State::Quarantined,
-    ];
-
-    /// The name stored in the database and shown in the API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Discovered => "discovered",
-            State::Available => "available",
-            State::Allocated => "allocated",
-            State::Reclaiming => "reclaiming",
-            State::Netbooting => "netbooting",
-            State::Installing => "installing",
-            State::FirstBoot => "first_boot",
-            State::Failed => "failed",
-            State::Quarantined => "quarantined",
-        }
-    }
-
     /// Position in [`State::ALL`] (declaration order).
     pub fn index(self) -> usize {
         self as usize
@@ -157,31 +215,15 @@ impl State {
     }
 }
 
-named!(State, "state");
-
-/// One BMC operation of the reclaim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BmcStep {
-    /// Set one-time network boot and read it back.
-    SetNetboot,
-    /// Power-cycle (or power on) the machine.
-    PowerCycle,
-}
-
-impl BmcStep {
-    /// Both operations.
-    pub const ALL: [BmcStep; 2] = [BmcStep::SetNetboot, BmcStep::PowerCycle];
-
-    /// Snake-case name, as stored in `nodes.failed_step`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BmcStep::SetNetboot => "set_netboot",
-            BmcStep::PowerCycle => "power_cycle",
-        }
+names! {
+    /// One BMC operation of the reclaim; its name is stored in `nodes.failed_step`.
+    pub enum BmcStep ("BMC step") {
+        /// Set one-time network boot and read it back.
+        SetNetboot => "set_netboot",
+        /// Power-cycle (or power on) the machine.
+        PowerCycle => "power_cycle",
     }
 }
-
-named!(BmcStep, "BMC step");
 
 /// What failed: a BMC operation, or the stage the node was in.
 /// Stored in `nodes.failed_step` as `set_netboot`, `power_cycle` or a state name.
@@ -203,11 +245,7 @@ impl Step {
     }
 }
 
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+as_str_display!(Step);
 
 impl FromStr for Step {
     type Err = UnknownName;
@@ -216,35 +254,31 @@ impl FromStr for Step {
         if let Ok(b) = s.parse::<BmcStep>() {
             return Ok(Step::Bmc(b));
         }
-        s.parse::<State>()
-            .map(Step::Stage)
-            .map_err(|_| unknown("step", s))
+        s.parse::<State>().map(Step::Stage).map_err(|_| {
+            let mut all: Vec<&str> = BmcStep::ALL.iter().map(|b| b.as_str()).collect();
+            all.extend(State::ALL.iter().map(|s| s.as_str()));
+            unknown("step", s, &all)
+        })
     }
 }
 
-/// A CPU architecture pxed installs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Arch {
-    /// 64-bit x86 (BIOS or UEFI).
-    X86_64,
-    /// 64-bit ARM (UEFI only).
-    Arm64,
+text!(Step);
+
+names! {
+    /// A CPU architecture pxed installs. Its name is the catalog and directory name,
+    /// also iPXE's `${buildarch}`; `FromStr` takes only these names, [`Arch::parse`]
+    /// also the aliases.
+    pub enum Arch ("arch") {
+        /// 64-bit x86 (BIOS or UEFI).
+        X86_64 => "x86_64",
+        /// 64-bit ARM (UEFI only).
+        Arm64 => "arm64",
+    }
 }
 
 impl Arch {
-    /// Every architecture, in catalog order.
-    pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Arm64];
-
     /// What a node whose architecture nobody reported yet stores in `nodes.arch`.
     pub const UNKNOWN: &'static str = "unknown";
-
-    /// The catalog and directory name (`x86_64`, `arm64`), also iPXE's `${buildarch}`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Arch::X86_64 => "x86_64",
-            Arch::Arm64 => "arm64",
-        }
-    }
 
     /// Parses the catalog name, `uname -m` (`aarch64`) or Debian's name (`amd64`).
     pub fn parse(s: &str) -> Option<Arch> {
@@ -297,60 +331,64 @@ impl Arch {
     }
 }
 
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// A node's architecture as stored in `nodes.arch`: known, or not reported yet
+/// (stored as `unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NodeArch(pub Option<Arch>);
+
+impl NodeArch {
+    /// Nobody reported it yet.
+    pub const UNKNOWN: NodeArch = NodeArch(None);
+
+    /// The architecture, if known.
+    pub fn known(self) -> Option<Arch> {
+        self.0
+    }
+
+    /// The stored and shown name (`x86_64`, `arm64`, `unknown`).
+    pub fn as_str(self) -> &'static str {
+        self.0.map_or(Arch::UNKNOWN, Arch::as_str)
     }
 }
 
-impl FromStr for Arch {
+impl From<Arch> for NodeArch {
+    fn from(a: Arch) -> Self {
+        NodeArch(Some(a))
+    }
+}
+
+as_str_display!(NodeArch);
+
+impl FromStr for NodeArch {
     type Err = UnknownName;
 
-    /// Only the catalog names (`x86_64`, `arm64`); [`Arch::parse`] also takes aliases.
+    /// A catalog name or `unknown`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Arch::ALL
-            .into_iter()
-            .find(|a| a.as_str() == s)
-            .ok_or_else(|| unknown("arch", s))
-    }
-}
-
-impl Serialize for Arch {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for Arch {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// How pxed talks to a node's BMC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Driver {
-    /// DMTF Redfish over HTTP(S).
-    Redfish,
-    /// IPMI 2.0 over LAN (RMCP+, "lanplus").
-    Ipmi,
-}
-
-impl Driver {
-    /// Both drivers.
-    pub const ALL: [Driver; 2] = [Driver::Redfish, Driver::Ipmi];
-
-    /// The name stored in `bmcs.driver` and used in the API and CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Driver::Redfish => "redfish",
-            Driver::Ipmi => "ipmi",
+        if s == Arch::UNKNOWN {
+            return Ok(NodeArch(None));
         }
+        s.parse::<Arch>().map(|a| NodeArch(Some(a))).map_err(|_| {
+            let known: Vec<&str> = Arch::ALL.iter().map(|a| a.as_str()).collect();
+            unknown_of(
+                "arch",
+                s,
+                format!("{} or {}", known.join(", "), Arch::UNKNOWN),
+            )
+        })
     }
 }
 
-named!(Driver, "driver");
+text!(NodeArch);
+
+names! {
+    /// How pxed talks to a node's BMC (stored in `bmcs.driver`).
+    pub enum Driver ("driver") {
+        /// DMTF Redfish over HTTP(S).
+        Redfish => "redfish",
+        /// IPMI 2.0 over LAN (RMCP+, "lanplus").
+        Ipmi => "ipmi",
+    }
+}
 
 /// Normalizes a MAC to lower-case `aa:bb:cc:dd:ee:ff`; accepts `:`/`-` separators or none.
 pub fn normalize_mac(s: &str) -> Option<String> {
@@ -386,14 +424,46 @@ impl fmt::Display for Mac {
 }
 
 impl FromStr for Mac {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Mac, ()> {
-        let n = normalize_mac(s).ok_or(())?;
+    type Err = UnknownName;
+
+    /// `aa:bb:cc:dd:ee:ff` in either case, with `:`, `-`, `.` or no separators.
+    fn from_str(s: &str) -> Result<Mac, UnknownName> {
+        let bad = || {
+            unknown_of(
+                "MAC address",
+                s,
+                "six hex octets like 52:54:00:ab:cd:ef".into(),
+            )
+        };
+        let n = normalize_mac(s).ok_or_else(bad)?;
         let mut m = [0u8; 6];
         for (i, part) in n.split(':').enumerate() {
-            m[i] = u8::from_str_radix(part, 16).map_err(|_| ())?;
+            m[i] = u8::from_str_radix(part, 16).map_err(|_| bad())?;
         }
         Ok(Mac(m))
+    }
+}
+
+text!(Mac);
+
+/// A node's one-time boot token: authenticates its installer's and agents' callbacks
+/// for one generation. Stored as TEXT in `nodes.boot_token`. It has no `Display` and
+/// its `Debug` is redacted, so a node or event can be logged without leaking it; the
+/// text is taken with [`BootToken::as_str`] where a URL needs it.
+#[derive(Clone, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct BootToken(pub String);
+
+impl BootToken {
+    /// The token text, as stored in `nodes.boot_token` and used in callback URLs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for BootToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BootToken(..)")
     }
 }
 
@@ -423,9 +493,33 @@ mod tests {
         assert!(Arch::valid_node_arch(Arch::UNKNOWN));
         assert!(!Arch::valid_node_arch("sparc"));
         let e = "sleeping".parse::<State>().unwrap_err();
-        assert_eq!(e.to_string(), "unknown state `sleeping`");
+        assert!(
+            e.to_string()
+                .starts_with("unknown state `sleeping` (expected discovered, available,"),
+            "{e}"
+        );
         assert!("ilo".parse::<Driver>().is_err());
         assert!(serde_json::from_str::<Driver>("\"ilo\"").is_err());
+    }
+
+    #[test]
+    fn arch_aliases() {
+        assert_eq!(Arch::parse("aarch64"), Some(Arch::Arm64));
+        assert_eq!(Arch::parse("amd64"), Some(Arch::X86_64));
+        assert_eq!(Arch::parse("riscv64"), None);
+        assert_eq!(Arch::Arm64.debian(), "arm64");
+        assert_eq!("unknown".parse::<NodeArch>(), Ok(NodeArch::UNKNOWN));
+        assert_eq!("arm64".parse::<NodeArch>(), Ok(Arch::Arm64.into()));
+        let e = "sparc".parse::<NodeArch>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown arch `sparc` (expected x86_64, arm64 or unknown)"
+        );
+        let e = "52:54:00".parse::<Mac>().unwrap_err().to_string();
+        assert!(e.starts_with("unknown MAC address `52:54:00`"), "{e}");
+        let m: Mac = "52-54-00-AB-cd-EF".parse().unwrap();
+        assert_eq!(m.to_string(), "52:54:00:ab:cd:ef");
+        assert_eq!(serde_json::to_string(&m).unwrap(), "\"52:54:00:ab:cd:ef\"");
     }
 
     #[test]

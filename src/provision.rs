@@ -9,6 +9,7 @@
 use crate::images::{Arch, Family, ImageError, StoredImage};
 use crate::install::{InstallContext, InstallError};
 use crate::lifecycle::transition::{Event, State};
+use crate::model::{Mac, NodeArch};
 use crate::script::{Action, ArchBoot};
 use crate::state::AppState;
 use crate::store::StoreError;
@@ -23,7 +24,9 @@ pub enum ProvisionError {
     #[error("image {0} is not imported")]
     NotImported(String),
     #[error("image {image} has no media for architecture {arch}")]
-    NoArch { image: String, arch: String },
+    NoArch { image: String, arch: NodeArch },
+    #[error("image {0} has media for no architecture")]
+    NoMedia(String),
     #[error("config {file} does not exist for a {family} image")]
     NoSuchConfig { file: String, family: &'static str },
     #[error(transparent)]
@@ -43,6 +46,7 @@ impl ProvisionError {
             ProvisionError::NoImage(_)
                 | ProvisionError::NotImported(_)
                 | ProvisionError::NoArch { .. }
+                | ProvisionError::NoMedia(_)
                 | ProvisionError::NoSuchConfig { .. }
         )
     }
@@ -75,7 +79,7 @@ fn mirror(st: &AppState, base: &str) -> String {
 /// What `/boot/{mac}.ipxe` tells this node to do, and why. Serving the installer
 /// to a `netbooting` node moves it to `installing`; once the installer called back,
 /// the node gets local boot, so firmware that keeps PXE first never loops.
-pub async fn boot_action(st: &AppState, mac: &str, base: &str) -> (Action, String) {
+pub async fn boot_action(st: &AppState, mac: Mac, base: &str) -> (Action, String) {
     st.stats.scripts.inc();
     match st.store.node_by_mac(mac).await {
         Ok(Some(n)) => boot_action_for(st, n, base).await,
@@ -98,15 +102,16 @@ pub async fn boot_action(st: &AppState, mac: &str, base: &str) -> (Action, Strin
 
 /// [`boot_action`] for a node row read a moment ago (it may be stale by now).
 pub async fn boot_action_for(st: &AppState, node: NodeRow, base: &str) -> (Action, String) {
-    let state = node.state.parse::<State>().ok();
-    if state == Some(State::Discovered) {
+    if node.state == State::Discovered {
         return (
             Action::Discovery,
             format!("node {} was discovered and is not enrolled", node.id),
         );
     }
-    let installing = state.is_some_and(State::serves_installer);
-    let (true, Some(token)) = (installing, node.boot_token.as_deref()) else {
+    let (true, Some(token)) = (
+        node.state.serves_installer(),
+        node.boot_token.as_ref().map(|t| t.as_str()),
+    ) else {
         return (
             Action::LocalBoot,
             format!("node {} is {}", node.id, node.state),
@@ -125,7 +130,7 @@ pub async fn boot_action_for(st: &AppState, node: NodeRow, base: &str) -> (Actio
     };
     match st.lifecycle.apply(node.id, &ev, "script").await {
         Ok(applied)
-            if applied.node.state == State::Installing.as_str()
+            if applied.node.state == State::Installing
                 && applied.node.generation == node.generation =>
         {
             st.stats.installers_served.inc();
@@ -183,10 +188,7 @@ async fn install_action(
         }
     }
     if arches.is_empty() {
-        return Err(ProvisionError::NoArch {
-            image: name.to_string(),
-            arch: "any".into(),
-        });
+        return Err(ProvisionError::NoMedia(name.to_string()));
     }
     Ok(Action::Install(arches))
 }
@@ -194,12 +196,13 @@ async fn install_action(
 /// The architecture to install on `node`: its own where the image has it, else the
 /// image's first.
 fn node_arch(node: &NodeRow, img: &StoredImage) -> Result<Arch, ProvisionError> {
-    Arch::parse(&node.arch)
+    node.arch
+        .known()
         .filter(|a| img.imported.arches.contains_key(a))
         .or_else(|| img.imported.arches.keys().next().copied())
         .ok_or_else(|| ProvisionError::NoArch {
             image: img.def.name.clone(),
-            arch: node.arch.clone(),
+            arch: node.arch,
         })
 }
 
@@ -284,7 +287,7 @@ pub async fn deploy_plan(
         .and_then(|a| a.disk.as_ref())
         .ok_or_else(|| ProvisionError::NoArch {
             image: name.to_string(),
-            arch: arch.to_string(),
+            arch: arch.into(),
         })?;
     let agent = crate::install::firstboot_files(&ctx)?;
     st.stats.deploy_plans.inc();
@@ -292,7 +295,7 @@ pub async fn deploy_plan(
         node_id: node.id,
         generation: node.generation,
         hostname: ctx.hostname.clone(),
-        arch: arch.to_string(),
+        arch,
         image: DiskImageRef {
             name: name.to_string(),
             url: format!("{base}/images/{name}/{arch}/disk.raw.zst"),

@@ -53,20 +53,21 @@ pub fn render(mac: &str, action: &Action, reason: &str) -> Result<String, Script
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Arch;
 
     #[test]
     fn install_branches_per_arch() {
         let a = Action::Install(vec![
             ArchBoot {
-                ipxe_arch: "x86_64",
-                label: "x86_64",
+                ipxe_arch: Arch::X86_64.as_str(),
+                label: Arch::X86_64.as_str(),
                 kernel_url: "http://s/k".into(),
                 initrd_url: "http://s/i".into(),
                 cmdline: "console=ttyS0".into(),
             },
             ArchBoot {
-                ipxe_arch: "arm64",
-                label: "arm64",
+                ipxe_arch: Arch::Arm64.as_str(),
+                label: Arch::Arm64.as_str(),
                 kernel_url: "http://s/ka".into(),
                 initrd_url: "http://s/ia".into(),
                 cmdline: "console=ttyAMA0".into(),

@@ -51,13 +51,14 @@ impl AppState {
     ) -> Arc<AppState> {
         let policy = Policy::from_config(&cfg.lifecycle);
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
+        let store_health: Arc<dyn Render> = store.health();
         Arc::new(AppState {
             cfg,
             store,
             lifecycle,
             api_token,
             stats: AppStats::default(),
-            renders: Mutex::new(Vec::new()),
+            renders: Mutex::new(vec![store_health]),
             shutdown: cancel,
             discovery: Discovery::default(),
         })
@@ -132,7 +133,7 @@ impl AppState {
     }
 
     /// Drops MACs from the discovery cache (their node was deleted).
-    pub fn forget_macs(&self, macs: &[String]) {
+    pub fn forget_macs(&self, macs: &[crate::model::Mac]) {
         self.discovery.forget(macs);
     }
 }

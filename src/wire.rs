@@ -16,13 +16,15 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::{Arch, Driver, Mac, NodeArch, State, Step};
+
 /// Sent by the installer or the deploy agent to `<callback_base>/installed`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstalledReport {
     /// The hostname the config set.
     pub hostname: String,
-    /// The architecture the config was rendered for (`x86_64`, `arm64`).
-    pub arch: String,
+    /// The architecture the config was rendered for.
+    pub arch: Arch,
 }
 
 /// Hardware facts in a [`FirstBootReport`]; a probe that found nothing reports 0 or "".
@@ -185,8 +187,8 @@ pub struct DeployPlan {
     pub generation: i64,
     /// The hostname to write (`/etc/hostname`, `/etc/hosts`).
     pub hostname: String,
-    /// The architecture pxed booted the ramdisk for (`x86_64`, `arm64`).
-    pub arch: String,
+    /// The architecture pxed booted the ramdisk for.
+    pub arch: Arch,
     /// What to write.
     pub image: DiskImageRef,
     /// What to wipe first.
@@ -291,15 +293,15 @@ pub struct NodeView {
     pub id: i64,
     pub name: Option<String>,
     pub hostname: Option<String>,
-    pub arch: String,
-    pub state: String,
+    pub arch: NodeArch,
+    pub state: State,
     pub since: String,
     pub generation: i64,
     pub attempt: i64,
     pub image: Option<String>,
-    pub failed_step: Option<String>,
+    pub failed_step: Option<Step>,
     pub failed_reason: Option<String>,
-    pub macs: Vec<String>,
+    pub macs: Vec<Mac>,
     pub facts: Option<serde_json::Value>,
 }
 
@@ -309,9 +311,9 @@ pub struct EventView {
     pub id: i64,
     pub node_id: i64,
     pub generation: i64,
-    pub from_state: Option<String>,
+    pub from_state: Option<State>,
     pub event: String,
-    pub to_state: String,
+    pub to_state: State,
     pub at: String,
     pub actor: String,
     pub detail: Option<String>,
@@ -322,7 +324,7 @@ pub struct EventView {
 pub struct NodeDetail {
     #[serde(flatten)]
     pub node: NodeView,
-    pub boot_mac: Option<String>,
+    pub boot_mac: Option<Mac>,
     pub bmc: Option<BmcView>,
     pub events: Vec<EventView>,
 }
@@ -330,7 +332,7 @@ pub struct NodeDetail {
 /// A BMC endpoint without its secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BmcView {
-    pub driver: String,
+    pub driver: Driver,
     pub address: String,
     pub username: String,
     pub system_id: Option<String>,
@@ -344,13 +346,13 @@ pub struct BmcView {
 pub struct CreateNode {
     pub name: Option<String>,
     #[serde(default)]
-    pub arch: Option<String>,
-    pub macs: Vec<String>,
+    pub arch: Option<NodeArch>,
+    pub macs: Vec<Mac>,
     #[serde(default)]
-    pub boot_mac: Option<String>,
+    pub boot_mac: Option<Mac>,
     /// `available` (default) or `discovered`.
     #[serde(default)]
-    pub state: Option<String>,
+    pub state: Option<State>,
     #[serde(default)]
     pub bmc: Option<CreateBmc>,
 }
@@ -359,7 +361,7 @@ pub struct CreateNode {
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBmc {
-    pub driver: String,
+    pub driver: Driver,
     pub address: String,
     pub username: String,
     pub password: String,
@@ -392,7 +394,7 @@ pub struct ReinstallRequest {
 pub struct Operation {
     pub node_id: i64,
     pub generation: i64,
-    pub state: String,
+    pub state: State,
     pub since: String,
     pub image: Option<String>,
     /// True when a reinstall was already running: this is that operation, not a new one.

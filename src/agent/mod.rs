@@ -660,7 +660,7 @@ async fn run_plan(
         "installed",
         &InstalledReport {
             hostname: plan.hostname.clone(),
-            arch: plan.arch.clone(),
+            arch: plan.arch,
         },
     )
     .await

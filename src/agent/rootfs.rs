@@ -301,7 +301,7 @@ mod tests {
             node_id: 7,
             generation: 3,
             hostname: "node7.lab".into(),
-            arch: "x86_64".into(),
+            arch: crate::model::Arch::X86_64,
             image: DiskImageRef {
                 name: "debian-12".into(),
                 url: "http://h/img".into(),

@@ -63,7 +63,7 @@ fn plan() -> DeployPlan {
         node_id: 1,
         generation: 2,
         hostname: "n1".into(),
-        arch: "x86_64".into(),
+        arch: crate::model::Arch::X86_64,
         image: DiskImageRef {
             name: "debian-12".into(),
             url: "http://127.0.0.1:9/img.zst".into(),

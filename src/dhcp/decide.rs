@@ -186,6 +186,12 @@ fn full(
     now: u64,
 ) -> Action {
     let mac = req.mac;
+    let cx = Cx {
+        req,
+        table,
+        policy,
+        boot,
+    };
     let ours = |sid: Option<Ipv4Addr>| sid.is_none_or(|s| s == iface.addr);
     match req.msg_type {
         MessageType::Discover => {
@@ -208,22 +214,14 @@ fn full(
             let Some(ip) = ip else {
                 return Action::Drop(DropReason::PoolExhausted);
             };
+            let change = Change::Offer {
+                ip,
+                mac,
+                until: now + policy.offer_hold as u64,
+            };
             let mut msg = skeleton(req, ReplyKind::Offer, iface.addr);
             msg.set_yiaddr(ip);
-            lease_options(&mut msg, subnet, policy, table, req, true);
-            boot_options(&mut msg, boot, req);
-            Action::Reply {
-                reply: Reply {
-                    kind: ReplyKind::Offer,
-                    dest: destination(req, ReplyKind::Offer),
-                    msg,
-                },
-                change: Some(Change::Offer {
-                    ip,
-                    mac,
-                    until: now + policy.offer_hold as u64,
-                }),
-            }
+            answer(msg, ReplyKind::Offer, &cx, subnet, true, Some(change))
         }
         MessageType::Request => {
             let ciaddr = req.ciaddr();
@@ -246,14 +244,7 @@ fn full(
                 tracing::debug!(%mac, %ip, why, "DHCPNAK");
                 let mut msg = skeleton(req, ReplyKind::Nak, iface.addr);
                 msg.opts_mut().insert(DhcpOption::Message(why.into()));
-                Action::Reply {
-                    reply: Reply {
-                        kind: ReplyKind::Nak,
-                        dest: destination(req, ReplyKind::Nak),
-                        msg,
-                    },
-                    change: None,
-                }
+                reply(req, ReplyKind::Nak, msg, None)
             };
             let Some(subnet) = subnet.filter(|s| s.contains(ip)) else {
                 if subnet.is_none() && !selecting {
@@ -276,27 +267,19 @@ fn full(
             if !reserved && !held && !subnet.pool.contains(ip) {
                 return nak("address not ours");
             }
+            let change = Change::Bind {
+                ip,
+                mac,
+                client_id: req.client_id.clone(),
+                hostname: req.hostname.clone(),
+                expires: now + policy.lease_time as u64,
+            };
             let mut msg = skeleton(req, ReplyKind::Ack, iface.addr);
             msg.set_yiaddr(ip);
             if !ciaddr.is_unspecified() {
                 msg.set_ciaddr(ciaddr);
             }
-            lease_options(&mut msg, subnet, policy, table, req, true);
-            boot_options(&mut msg, boot, req);
-            Action::Reply {
-                reply: Reply {
-                    kind: ReplyKind::Ack,
-                    dest: destination(req, ReplyKind::Ack),
-                    msg,
-                },
-                change: Some(Change::Bind {
-                    ip,
-                    mac,
-                    client_id: req.client_id.clone(),
-                    hostname: req.hostname.clone(),
-                    expires: now + policy.lease_time as u64,
-                }),
-            }
+            answer(msg, ReplyKind::Ack, &cx, subnet, true, Some(change))
         }
         MessageType::Decline => {
             let Some(ip) = req.requested_ip else {
@@ -333,16 +316,7 @@ fn full(
             };
             let mut msg = skeleton(req, ReplyKind::Ack, iface.addr);
             msg.set_ciaddr(ciaddr);
-            lease_options(&mut msg, subnet, policy, table, req, false);
-            boot_options(&mut msg, boot, req);
-            Action::Reply {
-                reply: Reply {
-                    kind: ReplyKind::Ack,
-                    dest: destination(req, ReplyKind::Ack),
-                    msg,
-                },
-                change: None,
-            }
+            answer(msg, ReplyKind::Ack, &cx, subnet, false, None)
         }
         t => Action::Drop(DropReason::Unexpected(t)),
     }
@@ -350,6 +324,41 @@ fn full(
 
 /// RFC 2131 §4.1. Without giaddr or ciaddr we broadcast rather than unicast to
 /// yiaddr: the client has no ARP entry yet, and RFC 2131 allows broadcasting.
+/// What every answer of [`full`] is built from.
+struct Cx<'a> {
+    req: &'a Request,
+    table: &'a LeaseTable,
+    policy: &'a Policy,
+    boot: &'a BootDecision,
+}
+
+/// An OFFER or ACK: `msg` (the skeleton with its addresses set) plus the subnet's
+/// options, the lease times when `lease` (not for INFORM) and the boot options.
+fn answer(
+    mut msg: Message,
+    kind: ReplyKind,
+    cx: &Cx<'_>,
+    subnet: &Subnet,
+    lease: bool,
+    change: Option<Change>,
+) -> Action {
+    lease_options(&mut msg, subnet, cx.policy, cx.table, cx.req, lease);
+    boot_options(&mut msg, cx.boot, cx.req);
+    reply(cx.req, kind, msg, change)
+}
+
+/// Sends `msg` where RFC 2131 §4.1 says a reply of this kind goes.
+fn reply(req: &Request, kind: ReplyKind, msg: Message, change: Option<Change>) -> Action {
+    Action::Reply {
+        reply: Reply {
+            kind,
+            dest: destination(req, kind),
+            msg,
+        },
+        change,
+    }
+}
+
 fn destination(req: &Request, kind: ReplyKind) -> SocketAddrV4 {
     let gi = req.giaddr();
     let ci = req.ciaddr();

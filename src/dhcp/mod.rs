@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::boot::BootDecision;
 use crate::config::{Config, DhcpMode, Reservation};
 use crate::net::{Interface, NetError};
-use crate::store::leases::{self, LeaseRow, LeaseWrite};
+use crate::store::leases::{LeaseRow, LeaseWrite};
 use crate::store::{Store, StoreError};
 
 pub use decide::{Action, Decision, DropReason, Policy, Reply, ReplyKind, decide};
@@ -57,7 +57,7 @@ pub enum DhcpError {
 /// A netboot client was heard from (for discovery of unknown machines).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DhcpSeen {
-    pub mac: String,
+    pub mac: Mac,
     pub arch: Option<u16>,
     pub vendor_class: Option<String>,
     pub user_class_ipxe: bool,
@@ -182,11 +182,11 @@ pub async fn serve(
     ctx: DhcpContext,
     cancel: CancellationToken,
 ) -> Result<(), DhcpError> {
-    let pool = ctx.store.pool.clone();
+    let store = ctx.store.clone();
     let mut loaded = Vec::new();
     if ctx.policy.mode == DhcpMode::Full {
-        leases::sync_reservations(&pool, &ctx.reservations).await?;
-        loaded = leases::load(&pool, unix_now() as i64).await?;
+        store.sync_reservations(&ctx.reservations).await?;
+        loaded = store.load_leases(unix_now() as i64).await?;
     }
     let count = loaded.len();
     let table = LeaseTable::new(&ctx.reservations, loaded.into_iter().filter_map(from_row));
@@ -202,7 +202,7 @@ pub async fn serve(
         seen: ctx.seen,
     });
     let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 2);
-    let writer = tokio::spawn(writer(rx, pool.clone(), ctx.stats.clone()));
+    let writer = tokio::spawn(writer(rx, store.clone(), ctx.stats.clone()));
     let loops_cancel = cancel.child_token();
     let mut loops = JoinSet::new();
     for s in sockets {
@@ -239,7 +239,7 @@ pub async fn serve(
             _ = sweep.tick() => {
                 let now = unix_now();
                 let gone = shared.table.lock().unwrap_or_else(|e| e.into_inner()).sweep(now);
-                if let Err(e) = leases::purge_expired(&pool, now as i64).await {
+                if let Err(e) = store.purge_expired_leases(now as i64).await {
                     tracing::warn!(error = %e, "purging expired leases");
                 }
                 tracing::debug!(gone, "expired leases swept");
@@ -310,7 +310,7 @@ async fn handle(
     // asking for an address are not.
     if req.client.is_netboot() {
         let seen = DhcpSeen {
-            mac: req.client.mac.clone(),
+            mac: req.client.mac,
             arch: req.client.arch,
             vendor_class: req.client.vendor_class.clone(),
             user_class_ipxe: req.client.user_class_ipxe,
@@ -401,14 +401,14 @@ async fn send(out: &Outgoing, stats: &DhcpStats) {
 
 /// Group commit: takes everything queued, commits it in one transaction, then sends
 /// the replies that waited for it. While a commit runs the next batch queues up.
-async fn writer(mut rx: mpsc::Receiver<Job>, pool: sqlx::SqlitePool, stats: Arc<DhcpStats>) {
+async fn writer(mut rx: mpsc::Receiver<Job>, store: Store, stats: Arc<DhcpStats>) {
     let mut batch = Vec::new();
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let writes: Vec<LeaseWrite> = batch
             .iter()
             .flat_map(|j| j.writes.iter().cloned())
             .collect();
-        match leases::commit(&pool, &writes).await {
+        match store.commit_leases(&writes).await {
             Ok(()) => {
                 stats.commits.inc();
                 for j in &batch {

@@ -229,7 +229,7 @@ pub fn parse(buf: &[u8], src: SocketAddrV4, port: Port) -> Result<Request, Malfo
     };
     let ipxe_options = opts.contains(OptionCode::Unknown(175));
     let client = ClientInfo {
-        mac: mac.to_string(),
+        mac,
         arch,
         vendor_class,
         user_class_ipxe,

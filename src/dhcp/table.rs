@@ -218,12 +218,7 @@ impl LeaseTable {
                     }
                     self.by_ip.remove(&old);
                 }
-                // The address may have been someone else's expired lease.
-                if let Some(prev) = self.by_ip.get(ip)
-                    && prev.mac != *mac
-                {
-                    self.by_mac.remove(&prev.mac);
-                }
+                self.evict_other_owner(*ip, *mac);
                 let lease = Lease {
                     ip: *ip,
                     mac: *mac,
@@ -251,11 +246,7 @@ impl LeaseTable {
                 if self.by_mac.get(mac) == Some(ip) {
                     self.by_mac.remove(mac);
                 }
-                if let Some(prev) = self.by_ip.get(ip)
-                    && prev.mac != *mac
-                {
-                    self.by_mac.remove(&prev.mac);
-                }
+                self.evict_other_owner(*ip, *mac);
                 let lease = Lease {
                     ip: *ip,
                     mac: *mac,
@@ -267,6 +258,16 @@ impl LeaseTable {
                 self.by_ip.insert(*ip, lease.clone());
                 vec![PersistOp::Upsert(lease)]
             }
+        }
+    }
+
+    /// `ip` is about to be `mac`'s: if it was someone else's (an expired lease), that
+    /// client no longer has it.
+    fn evict_other_owner(&mut self, ip: Ipv4Addr, mac: Mac) {
+        if let Some(prev) = self.by_ip.get(&ip)
+            && prev.mac != mac
+        {
+            self.by_mac.remove(&prev.mac);
         }
     }
 

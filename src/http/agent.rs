@@ -121,7 +121,7 @@ async fn first_boot(
         "hardware": r.facts,
     });
     if let Some(a) = arch {
-        st.store.set_arch(n.id, a.as_str()).await?;
+        st.store.set_arch(n.id, a).await?;
     }
     apply_cb(
         &st,
@@ -204,11 +204,7 @@ async fn deploy_plan(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, "deploy").await?;
-    let serving = n
-        .state
-        .parse::<crate::model::State>()
-        .is_ok_and(crate::model::State::serves_installer);
-    if !serving {
+    if !n.state.serves_installer() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_installing",
@@ -221,13 +217,13 @@ async fn deploy_plan(
         .note(
             n.id,
             n.generation,
-            &n.state,
+            n.state,
             "deploy_started",
             "agent",
             &format!("plan for image {}", plan.image.name),
         )
         .await?;
-    st.lifecycle.notify(n.id, "deploy_started", &n.state);
+    st.lifecycle.notify(n.id, "deploy_started", n.state);
     Ok(Json(plan).into_response())
 }
 
@@ -258,7 +254,7 @@ async fn deploy_facts(
         .note(
             n.id,
             n.generation,
-            &n.state,
+            n.state,
             "deploy_facts",
             "agent",
             &bounded(&detail, 2000),
@@ -279,8 +275,8 @@ async fn deploy_progress(
     }
     let event = format!("deploy_{}", p.stage);
     st.store
-        .note(n.id, n.generation, &n.state, &event, "agent", &detail)
+        .note(n.id, n.generation, n.state, &event, "agent", &detail)
         .await?;
-    st.lifecycle.notify(n.id, &event, &n.state);
+    st.lifecycle.notify(n.id, &event, n.state);
     Ok(StatusCode::NO_CONTENT.into_response())
 }

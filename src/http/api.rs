@@ -14,6 +14,7 @@ use super::error::{ApiError, JsonBody};
 use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
 use crate::lifecycle::worker::ConnectError;
+use crate::model::{Mac, NodeArch};
 use crate::state::AppState;
 use crate::store::nodes::{BmcRow, NewNode, NodeRow};
 pub use crate::wire::{
@@ -71,7 +72,7 @@ fn bmc_view(b: BmcRow) -> BmcView {
         username: b.username,
         system_id: b.system_id,
         tls_pin: b.tls_pin,
-        tls_insecure: b.tls_insecure == 1,
+        tls_insecure: b.tls_insecure,
     }
 }
 
@@ -82,7 +83,7 @@ pub async fn view(st: &AppState, n: NodeRow) -> Result<NodeView, ApiError> {
 }
 
 /// The view of a node whose MACs were loaded already (listings load them all at once).
-pub fn view_with(n: NodeRow, macs: Vec<String>) -> NodeView {
+pub fn view_with(n: NodeRow, macs: Vec<Mac>) -> NodeView {
     NodeView {
         id: n.id,
         facts: n
@@ -136,7 +137,7 @@ async fn get_node(
         .interfaces(nid)
         .await?
         .into_iter()
-        .find(|i| i.is_boot == 1)
+        .find(|i| i.is_boot)
         .map(|i| i.mac);
     let bmc = st.store.bmc(nid).await?.map(bmc_view);
     let events = st.store.events(nid).await?;
@@ -152,42 +153,25 @@ async fn create_node(
     State(st): State<Arc<AppState>>,
     JsonBody(req): JsonBody<CreateNode>,
 ) -> Result<(StatusCode, Json<NodeView>), ApiError> {
-    let mut macs = Vec::new();
-    for m in &req.macs {
-        macs.push(
-            crate::config::normalize_mac(m)
-                .ok_or_else(|| ApiError::bad_request(format!("`{m}` is not a MAC address")))?,
-        );
+    // MACs, arch, state and driver were parsed by their types when the body was read.
+    let mut macs: Vec<Mac> = Vec::new();
+    for &m in &req.macs {
+        if !macs.contains(&m) {
+            macs.push(m);
+        }
     }
     if macs.is_empty() {
         return Err(ApiError::bad_request("a node needs at least one MAC"));
     }
-    let boot_mac = match &req.boot_mac {
-        Some(m) => {
-            let m = crate::config::normalize_mac(m)
-                .ok_or_else(|| ApiError::bad_request(format!("`{m}` is not a MAC address")))?;
-            if !macs.contains(&m) {
-                return Err(ApiError::bad_request("boot_mac must be one of macs"));
-            }
-            Some(m)
-        }
-        None => None,
-    };
-    let arch = req
-        .arch
-        .clone()
-        .unwrap_or_else(|| crate::model::Arch::UNKNOWN.into());
-    if !crate::model::Arch::valid_node_arch(&arch) {
-        let known: Vec<&str> = crate::model::Arch::ALL.iter().map(|a| a.as_str()).collect();
-        return Err(ApiError::bad_request(format!(
-            "arch must be {} or {}",
-            known.join(", "),
-            crate::model::Arch::UNKNOWN
-        )));
+    if let Some(m) = req.boot_mac
+        && !macs.contains(&m)
+    {
+        return Err(ApiError::bad_request("boot_mac must be one of macs"));
     }
-    let state = match req.state.as_deref().map(str::parse::<NodeState>) {
+    let arch = req.arch.unwrap_or(NodeArch::UNKNOWN);
+    let state = match req.state {
         None => NodeState::Available,
-        Some(Ok(s @ (NodeState::Available | NodeState::Discovered))) => s,
+        Some(s @ (NodeState::Available | NodeState::Discovered)) => s,
         Some(_) => {
             return Err(ApiError::bad_request(format!(
                 "a new node starts {} or {}",
@@ -196,8 +180,7 @@ async fn create_node(
             )));
         }
     };
-    let state = state.as_str().to_string();
-    for m in &macs {
+    for &m in &macs {
         if let Some(other) = st.store.node_by_mac(m).await? {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -207,23 +190,18 @@ async fn create_node(
         }
     }
     let bmc = match req.bmc {
-        Some(b) => {
-            if let Err(e) = b.driver.parse::<crate::model::Driver>() {
-                return Err(ApiError::bad_request(format!("bmc.driver: {e}")));
-            }
-            Some((
-                BmcRow {
-                    node_id: 0,
-                    driver: b.driver,
-                    address: b.address,
-                    username: b.username,
-                    system_id: b.system_id,
-                    tls_pin: None,
-                    tls_insecure: i64::from(b.tls_insecure),
-                },
-                b.password,
-            ))
-        }
+        Some(b) => Some((
+            BmcRow {
+                node_id: 0,
+                driver: b.driver,
+                address: b.address,
+                username: b.username,
+                system_id: b.system_id,
+                tls_pin: None,
+                tls_insecure: b.tls_insecure,
+            },
+            b.password,
+        )),
         None => None,
     };
     let id = st
@@ -234,7 +212,7 @@ async fn create_node(
                 arch,
                 state,
                 macs,
-                boot_mac,
+                boot_mac: req.boot_mac,
                 bmc,
             },
             "api",
@@ -245,7 +223,7 @@ async fn create_node(
         .node(id)
         .await?
         .ok_or_else(|| ApiError::not_found(id))?;
-    st.lifecycle.notify(id, "registered", &n.state);
+    st.lifecycle.notify(id, "registered", n.state);
     Ok((StatusCode::CREATED, Json(view(&st, n).await?)))
 }
 
@@ -258,7 +236,7 @@ async fn delete_node(
     st.store.delete_node(n.id, "api").await?;
     // If the machine netboots again it is discovered anew.
     st.forget_macs(&macs);
-    st.lifecycle.notify(n.id, "deleted", &n.state);
+    st.lifecycle.notify(n.id, "deleted", n.state);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -352,7 +330,7 @@ fn operation(row: &NodeRow, outcome: &Outcome) -> Stored {
         body: Operation {
             node_id: row.id,
             generation: row.generation,
-            state: row.state.clone(),
+            state: row.state,
             since: row.state_since.clone(),
             image: row.image.clone(),
             already_in_progress: in_progress,

@@ -44,7 +44,7 @@ async fn status(st: &AppState) -> Result<Status, ApiError> {
         .map(|s| {
             (
                 s.to_string(),
-                nodes.iter().filter(|n| n.state == s.as_str()).count(),
+                nodes.iter().filter(|n| n.state == *s).count(),
             )
         })
         .filter(|(_, c)| *c > 0)

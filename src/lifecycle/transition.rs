@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::config::LifecycleConfig;
 
-pub use crate::model::{BmcStep, State, Step};
+pub use crate::model::{BmcStep, BootToken, State, Step};
 
 /// What a deadline failure says: what never happened, in the stage that timed out.
 /// It starts with `deadline:` so alerts can match it.
@@ -62,23 +62,6 @@ pub struct Failure {
     pub step: Step,
     /// Human-readable reason: the BMC's error, `deadline`, the health detail, the operator's text.
     pub reason: String,
-}
-
-/// A one-time boot token. Its `Debug` is redacted so events and nodes can be logged.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct BootToken(pub String);
-
-impl BootToken {
-    /// The token text, as stored in `nodes.boot_token` and used in callback URLs.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for BootToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("BootToken(..)")
-    }
 }
 
 /// The lifecycle fields of a node record: what `transition` reads and what it returns.
@@ -297,8 +280,8 @@ impl Effect {
     /// Snake-case name, for logs.
     pub fn name(&self) -> &'static str {
         match self {
-            Effect::SetNetboot { .. } => "set_netboot",
-            Effect::PowerCycle { .. } => "power_cycle",
+            Effect::SetNetboot { .. } => BmcStep::SetNetboot.as_str(),
+            Effect::PowerCycle { .. } => BmcStep::PowerCycle.as_str(),
             Effect::ArmDeadline { .. } => "arm_deadline",
             Effect::ClearDeadline => "clear_deadline",
         }
@@ -469,9 +452,6 @@ pub enum TransitionError {
     /// Health reported before the first-boot report of this generation.
     #[error("health reported before first boot")]
     FirstBootNotReported,
-    /// A stored name that is not a known state or step.
-    #[error(transparent)]
-    UnknownName(#[from] crate::model::UnknownName),
 }
 
 /// Decide what `event` does to `node` under `policy`. Pure.

@@ -25,8 +25,6 @@ pub enum ConnectError {
         "no BMC is configured for this node (add one, or power-cycle it by hand and mark it failed/retry)"
     )]
     NoBmc,
-    #[error("unknown BMC driver {0:?}")]
-    Driver(String),
     #[error(transparent)]
     Bmc(#[from] BmcError),
     #[error(transparent)]
@@ -38,7 +36,6 @@ impl ConnectError {
     pub fn kind(&self) -> &'static str {
         match self {
             ConnectError::NoBmc => "no_bmc",
-            ConnectError::Driver(_) => "unknown_driver",
             ConnectError::Bmc(e) => e.kind(),
             ConnectError::Store(_) => "store",
         }
@@ -50,7 +47,7 @@ impl ConnectError {
 /// reason in the audit log; its labels count it in `pxed_bmc_failures_total`.
 #[derive(Debug, thiserror::Error)]
 pub enum BmcCallError {
-    /// No driver could be had for the node (no BMC, unreadable store, unknown driver).
+    /// No driver could be had for the node (no BMC, unreadable store).
     #[error("{step} [{}]: {error}", error.kind())]
     Connect {
         /// The step that could not start.
@@ -144,14 +141,10 @@ impl StoreBmcs {
             .interfaces(id)
             .await?
             .into_iter()
-            .find(|i| i.is_boot == 1)
-            .map(|i| i.mac);
-        let driver = row
-            .driver
-            .parse::<bmc::Driver>()
-            .map_err(|_| ConnectError::Driver(row.driver.clone()))?;
+            .find(|i| i.is_boot)
+            .map(|i| i.mac.to_string());
         Ok(BmcEndpoint {
-            driver,
+            driver: row.driver,
             address: row.address,
             username: row.username,
             password: Secret::new(password),
@@ -162,7 +155,7 @@ impl StoreBmcs {
             },
             system_id: row.system_id,
             match_uuid: None,
-            tls: if row.tls_insecure == 1 {
+            tls: if row.tls_insecure {
                 TlsPolicy::Insecure
             } else {
                 TlsPolicy::Pinned(row.tls_pin)
@@ -203,7 +196,7 @@ pub struct Lifecycle {
 pub struct NodeChange {
     pub node_id: i64,
     pub event: String,
-    pub state: String,
+    pub state: State,
     pub at: String,
 }
 
@@ -260,7 +253,7 @@ impl Lifecycle {
         let (applied, effects) =
             apply::apply(&self.store, &self.policy, id, event, actor, hooks).await?;
         if matches!(applied.outcome, super::transition::Outcome::Changed(_)) {
-            self.notify(id, event.name(), &applied.node.state);
+            self.notify(id, event.name(), applied.node.state);
         }
         if !effects.is_empty() {
             tracing::debug!(node = id, event = event.name(), to = %applied.node.state, ?effects, "applied");
@@ -272,12 +265,12 @@ impl Lifecycle {
     }
 
     /// Publishes a change (also used for registrations and deletions).
-    pub fn notify(&self, id: i64, event: &str, state: &str) {
+    pub fn notify(&self, id: i64, event: &str, state: State) {
         // No subscribers is fine: nobody is watching the status page.
         let _ = self.changes.send(NodeChange {
             node_id: id,
             event: event.to_string(),
-            state: state.to_string(),
+            state,
             at: crate::store::nodes::now(),
         });
     }
@@ -285,6 +278,11 @@ impl Lifecycle {
     /// A live stream of changes.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<NodeChange> {
         self.changes.subscribe()
+    }
+
+    /// How many nodes have a deadline armed.
+    pub fn armed_deadlines(&self) -> usize {
+        self.deadlines.lock().expect("lock").len()
     }
 
     /// Waits for running effects (shutdown).
@@ -379,7 +377,7 @@ impl Lifecycle {
         // A backoff may have outlived the plan (quarantined, retried, new generation).
         match self.store.node(id).await {
             Ok(Some(n))
-                if n.state == State::Reclaiming.as_str()
+                if n.state == State::Reclaiming
                     && n.generation == generation
                     && n.attempt == i64::from(attempt) => {}
             Ok(_) => {
@@ -477,18 +475,12 @@ impl Lifecycle {
     /// the override is consumed by a power cycle, so cycling again without setting it
     /// would boot the disk.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, crate::store::StoreError> {
-        let states: Vec<&str> = State::ALL
-            .iter()
-            .filter(|s| s.in_progress())
-            .map(|s| s.as_str())
-            .collect();
+        let states: Vec<State> = State::ALL.into_iter().filter(|s| s.in_progress()).collect();
         let nodes = self.store.nodes_in_states(&states).await?;
         let now = chrono::Utc::now();
         let mut n = 0;
         for row in nodes {
-            let Ok(state) = row.state.parse::<State>() else {
-                continue;
-            };
+            let state = row.state;
             let attempt = u32::try_from(row.attempt).unwrap_or(0);
             let elapsed = parse_time(&row.state_since)
                 .and_then(|t| (now - t).to_std().ok())

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use super::StoreError;
+use super::{Store, StoreError};
 use crate::config::Reservation;
 
 /// One row of `leases`, as stored.
@@ -29,81 +29,85 @@ pub enum LeaseWrite {
     Delete(Ipv4Addr),
 }
 
-/// Leases that have not expired at `now` (Unix seconds). Rows with an unparsable
-/// address are skipped with a warning.
-pub async fn load(pool: &sqlx::SqlitePool, now: i64) -> Result<Vec<LeaseRow>, StoreError> {
-    let rows = sqlx::query!(
+impl Store {
+    /// Leases that have not expired at `now` (Unix seconds). Rows with an unparsable
+    /// address are skipped with a warning.
+    pub async fn load_leases(&self, now: i64) -> Result<Vec<LeaseRow>, StoreError> {
+        let pool = &self.pool;
+        let rows = sqlx::query!(
         r#"SELECT ip, mac, client_id, hostname, state, expires_at FROM leases WHERE expires_at > ?"#,
         now
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| match r.ip.parse() {
-            Ok(ip) => Some(LeaseRow {
-                ip,
-                mac: r.mac,
-                client_id: r.client_id,
-                hostname: r.hostname,
-                state: r.state,
-                expires_at: r.expires_at,
-            }),
-            Err(_) => {
-                tracing::warn!(ip = %r.ip, "skipping a lease row with a bad address");
-                None
-            }
-        })
-        .collect())
-}
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| match r.ip.parse() {
+                Ok(ip) => Some(LeaseRow {
+                    ip,
+                    mac: r.mac,
+                    client_id: r.client_id,
+                    hostname: r.hostname,
+                    state: r.state,
+                    expires_at: r.expires_at,
+                }),
+                Err(_) => {
+                    tracing::warn!(ip = %r.ip, "skipping a lease row with a bad address");
+                    None
+                }
+            })
+            .collect())
+    }
 
-/// Writes a batch atomically: durable when this returns `Ok`.
-///
-/// Writes apply in order; only the last one per address matters, so the batch is
-/// reduced to one write per address, after which deletes and upserts touch
-/// different rows and commute. Each kind is then one statement over a JSON array
-/// (`json_each`), not one statement per lease: sqlx runs SQLite on a worker thread,
-/// and every statement is a round trip to it, which at thousands of leases a second
-/// cost more than the commit itself. A batch of one kind is a single statement and
-/// so its own transaction.
-pub async fn commit(pool: &sqlx::SqlitePool, writes: &[LeaseWrite]) -> Result<(), StoreError> {
-    let mut last: HashMap<Ipv4Addr, &LeaseWrite> = HashMap::with_capacity(writes.len());
-    for w in writes {
-        let ip = match w {
-            LeaseWrite::Upsert(l) => l.ip,
-            LeaseWrite::Delete(ip) => *ip,
-        };
-        last.insert(ip, w);
-    }
-    let mut upserts = Vec::new();
-    let mut deletes = Vec::new();
-    for (ip, w) in last {
-        match w {
-            LeaseWrite::Upsert(l) => upserts.push(JsonLease {
-                ip: ip.to_string(),
-                mac: &l.mac,
-                client_id: l.client_id.as_deref(),
-                hostname: l.hostname.as_deref(),
-                state: &l.state,
-                expires_at: l.expires_at,
-            }),
-            LeaseWrite::Delete(_) => deletes.push(ip.to_string()),
+    /// Writes a batch atomically: durable when this returns `Ok`.
+    ///
+    /// Writes apply in order; only the last one per address matters, so the batch is
+    /// reduced to one write per address, after which deletes and upserts touch
+    /// different rows and commute. Each kind is then one statement over a JSON array
+    /// (`json_each`), not one statement per lease: sqlx runs SQLite on a worker thread,
+    /// and every statement is a round trip to it, which at thousands of leases a second
+    /// cost more than the commit itself. A batch of one kind is a single statement and
+    /// so its own transaction.
+    pub async fn commit_leases(&self, writes: &[LeaseWrite]) -> Result<(), StoreError> {
+        let pool = &self.pool;
+        let mut last: HashMap<Ipv4Addr, &LeaseWrite> = HashMap::with_capacity(writes.len());
+        for w in writes {
+            let ip = match w {
+                LeaseWrite::Upsert(l) => l.ip,
+                LeaseWrite::Delete(ip) => *ip,
+            };
+            last.insert(ip, w);
         }
-    }
-    let upserts = (!upserts.is_empty()).then(|| json(&upserts));
-    let deletes = (!deletes.is_empty()).then(|| json(&deletes));
-    match (upserts, deletes) {
-        (None, None) => {}
-        (Some(u), None) => upsert_json(pool, &u).await?,
-        (None, Some(d)) => delete_json(pool, &d).await?,
-        (Some(u), Some(d)) => {
-            let mut tx = pool.begin().await?;
-            delete_json(&mut *tx, &d).await?;
-            upsert_json(&mut *tx, &u).await?;
-            tx.commit().await?;
+        let mut upserts = Vec::new();
+        let mut deletes = Vec::new();
+        for (ip, w) in last {
+            match w {
+                LeaseWrite::Upsert(l) => upserts.push(JsonLease {
+                    ip: ip.to_string(),
+                    mac: &l.mac,
+                    client_id: l.client_id.as_deref(),
+                    hostname: l.hostname.as_deref(),
+                    state: &l.state,
+                    expires_at: l.expires_at,
+                }),
+                LeaseWrite::Delete(_) => deletes.push(ip.to_string()),
+            }
         }
+        let upserts = (!upserts.is_empty()).then(|| json(&upserts));
+        let deletes = (!deletes.is_empty()).then(|| json(&deletes));
+        match (upserts, deletes) {
+            (None, None) => {}
+            (Some(u), None) => upsert_json(pool, &u).await?,
+            (None, Some(d)) => delete_json(pool, &d).await?,
+            (Some(u), Some(d)) => {
+                let mut tx = pool.begin().await?;
+                delete_json(&mut *tx, &d).await?;
+                upsert_json(&mut *tx, &u).await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// A lease as one element of the JSON array `upsert_json` reads.
@@ -155,59 +159,60 @@ async fn delete_json<'c>(
     Ok(())
 }
 
-/// Deletes leases that expired at or before `now`; returns how many.
-pub async fn purge_expired(pool: &sqlx::SqlitePool, now: i64) -> Result<u64, StoreError> {
-    let r = sqlx::query!("DELETE FROM leases WHERE expires_at <= ?", now)
-        .execute(pool)
-        .await?;
-    Ok(r.rows_affected())
-}
-
-/// Makes the `reservations` table equal to the configured reservations.
-pub async fn sync_reservations(
-    pool: &sqlx::SqlitePool,
-    reservations: &[Reservation],
-) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
-    sqlx::query!("DELETE FROM reservations")
-        .execute(&mut *tx)
-        .await?;
-    for r in reservations {
-        let ip = r.ip.to_string();
-        sqlx::query!(
-            "INSERT INTO reservations (mac, ip, hostname) VALUES (?, ?, ?)",
-            r.mac,
-            ip,
-            r.hostname
-        )
-        .execute(&mut *tx)
-        .await?;
+impl Store {
+    /// Deletes leases that expired at or before `now`; returns how many.
+    pub async fn purge_expired_leases(&self, now: i64) -> Result<u64, StoreError> {
+        let pool = &self.pool;
+        let r = sqlx::query!("DELETE FROM leases WHERE expires_at <= ?", now)
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected())
     }
-    tx.commit().await?;
-    Ok(())
-}
 
-/// The stored reservations (MAC, IP, hostname).
-pub async fn reservations(pool: &sqlx::SqlitePool) -> Result<Vec<Reservation>, StoreError> {
-    let rows = sqlx::query!("SELECT mac, ip, hostname FROM reservations ORDER BY mac")
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| {
-            Some(Reservation {
-                mac: r.mac,
-                ip: r.ip.parse().ok()?,
-                hostname: r.hostname,
+    /// Makes the `reservations` table equal to the configured reservations.
+    pub async fn sync_reservations(&self, reservations: &[Reservation]) -> Result<(), StoreError> {
+        let pool = &self.pool;
+        let mut tx = pool.begin().await?;
+        sqlx::query!("DELETE FROM reservations")
+            .execute(&mut *tx)
+            .await?;
+        for r in reservations {
+            let ip = r.ip.to_string();
+            sqlx::query!(
+                "INSERT INTO reservations (mac, ip, hostname) VALUES (?, ?, ?)",
+                r.mac,
+                ip,
+                r.hostname
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The stored reservations (MAC, IP, hostname).
+    pub async fn reservations(&self) -> Result<Vec<Reservation>, StoreError> {
+        let pool = &self.pool;
+        let rows = sqlx::query!("SELECT mac, ip, hostname FROM reservations ORDER BY mac")
+            .fetch_all(pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                Some(Reservation {
+                    mac: r.mac,
+                    ip: r.ip.parse().ok()?,
+                    hostname: r.hostname,
+                })
             })
-        })
-        .collect())
+            .collect())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
 
     fn row(ip: &str, mac: &str, exp: i64) -> LeaseRow {
         LeaseRow {
@@ -226,21 +231,18 @@ mod tests {
         let s = Store::open(dir.path()).await.unwrap();
         let a = row("10.0.0.10", "52:54:00:00:00:01", 100);
         let b = row("10.0.0.11", "52:54:00:00:00:02", 50);
-        commit(
-            &s.pool,
-            &[LeaseWrite::Upsert(a.clone()), LeaseWrite::Upsert(b)],
-        )
-        .await
-        .unwrap();
-        let mut a2 = a.clone();
-        a2.expires_at = 200;
-        commit(&s.pool, &[LeaseWrite::Upsert(a2.clone())])
+        s.commit_leases(&[LeaseWrite::Upsert(a.clone()), LeaseWrite::Upsert(b)])
             .await
             .unwrap();
-        assert_eq!(load(&s.pool, 60).await.unwrap(), vec![a2]);
-        assert_eq!(purge_expired(&s.pool, 60).await.unwrap(), 1);
-        commit(&s.pool, &[LeaseWrite::Delete(a.ip)]).await.unwrap();
-        assert!(load(&s.pool, 0).await.unwrap().is_empty());
+        let mut a2 = a.clone();
+        a2.expires_at = 200;
+        s.commit_leases(&[LeaseWrite::Upsert(a2.clone())])
+            .await
+            .unwrap();
+        assert_eq!(s.load_leases(60).await.unwrap(), vec![a2]);
+        assert_eq!(s.purge_expired_leases(60).await.unwrap(), 1);
+        s.commit_leases(&[LeaseWrite::Delete(a.ip)]).await.unwrap();
+        assert!(s.load_leases(0).await.unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -252,36 +254,30 @@ mod tests {
         b.client_id = None;
         b.hostname = Some("node-b".into());
         let c = row("10.0.0.12", "52:54:00:00:00:03", 100);
-        commit(&s.pool, &[LeaseWrite::Upsert(c.clone())])
+        s.commit_leases(&[LeaseWrite::Upsert(c.clone())])
             .await
             .unwrap();
         let mut a2 = a.clone();
         a2.state = "declined".into();
         // a: bound then declined; b: released then bound again; c: released.
-        commit(
-            &s.pool,
-            &[
-                LeaseWrite::Upsert(a.clone()),
-                LeaseWrite::Delete(b.ip),
-                LeaseWrite::Upsert(b.clone()),
-                LeaseWrite::Delete(c.ip),
-                LeaseWrite::Upsert(a2.clone()),
-            ],
-        )
+        s.commit_leases(&[
+            LeaseWrite::Upsert(a.clone()),
+            LeaseWrite::Delete(b.ip),
+            LeaseWrite::Upsert(b.clone()),
+            LeaseWrite::Delete(c.ip),
+            LeaseWrite::Upsert(a2.clone()),
+        ])
         .await
         .unwrap();
-        let mut got = load(&s.pool, 0).await.unwrap();
+        let mut got = s.load_leases(0).await.unwrap();
         got.sort_by_key(|l| l.ip);
         assert_eq!(got, vec![a2, b.clone()]);
         // Bound, then released in the same batch: gone.
-        commit(
-            &s.pool,
-            &[LeaseWrite::Upsert(c.clone()), LeaseWrite::Delete(c.ip)],
-        )
-        .await
-        .unwrap();
-        commit(&s.pool, &[]).await.unwrap();
-        assert_eq!(load(&s.pool, 0).await.unwrap().len(), 2);
+        s.commit_leases(&[LeaseWrite::Upsert(c.clone()), LeaseWrite::Delete(c.ip)])
+            .await
+            .unwrap();
+        s.commit_leases(&[]).await.unwrap();
+        assert_eq!(s.load_leases(0).await.unwrap().len(), 2);
     }
 
     #[tokio::test]
@@ -293,14 +289,14 @@ mod tests {
             ip: ip.parse().unwrap(),
             hostname: None,
         };
-        sync_reservations(&s.pool, &[r("52:54:00:00:00:01", "10.0.0.5")])
+        s.sync_reservations(&[r("52:54:00:00:00:01", "10.0.0.5")])
             .await
             .unwrap();
-        sync_reservations(&s.pool, &[r("52:54:00:00:00:02", "10.0.0.5")])
+        s.sync_reservations(&[r("52:54:00:00:00:02", "10.0.0.5")])
             .await
             .unwrap();
         assert_eq!(
-            reservations(&s.pool).await.unwrap(),
+            s.reservations().await.unwrap(),
             vec![r("52:54:00:00:00:02", "10.0.0.5")]
         );
     }

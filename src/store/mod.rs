@@ -8,10 +8,14 @@ pub mod nodes;
 
 use std::path::Path;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Connection, SqlitePool};
+
+use crate::metrics::{Render, sample};
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
@@ -25,25 +29,96 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(
+        "{path} is empty (0 bytes): it was truncated or never written. Restore it from a backup, or delete it to start a new, empty inventory"
+    )]
+    EmptyFile { path: std::path::PathBuf },
+    #[error("{path} failed its integrity check ({detail}); restore it from a backup")]
+    Corrupt {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+    #[error("{path} does not take writes: {source}")]
+    NotWritable {
+        path: std::path::PathBuf,
+        source: Box<StoreError>,
+    },
+    #[error("{path} is not writable ({source}): pxed writes every boot decision and lease")]
+    ReadOnly {
+        path: std::path::PathBuf,
+        source: nix::Error,
+    },
+    #[error("the write check did not finish within {0:?}")]
+    ProbeTimeout(Duration),
 }
 
 /// Connections in the pool (SQLite has one writer; readers run beside it in WAL).
 const POOL_SIZE: u32 = 8;
 
+/// How long a write-probe result is reused: `/healthz` and `/readyz` may be polled
+/// often, and each probe is a commit (an fsync).
+const PROBE_CACHE: Duration = Duration::from_secs(1);
+
+/// How long a write probe may take before the store counts as not writable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the store knows about its own health.
+#[derive(Debug, Default)]
+pub struct StoreHealth {
+    /// Connections closed on release because a failed statement (disk full, I/O
+    /// error) left them inside a transaction; the pool opens fresh ones.
+    recycled: AtomicU64,
+    /// Write probes that failed.
+    probe_failures: AtomicU64,
+    /// The last probe: when, and its error if it failed.
+    last_probe: Mutex<Option<(Instant, Option<String>)>>,
+}
+
+impl Render for StoreHealth {
+    fn render(&self, out: &mut String) {
+        sample(
+            out,
+            "pxed_store_connections_recycled_total",
+            "Store connections closed because an error left them inside a transaction",
+            "counter",
+            self.recycled.load(Ordering::Relaxed),
+        );
+        sample(
+            out,
+            "pxed_store_write_probe_failures_total",
+            "Write checks (readyz, healthz) the store failed",
+            "counter",
+            self.probe_failures.load(Ordering::Relaxed),
+        );
+        let writable = match &*self.last_probe.lock().expect("lock") {
+            Some((_, None)) | None => 1,
+            Some((_, Some(_))) => 0,
+        };
+        sample(
+            out,
+            "pxed_store_writable",
+            "1 if the last write check succeeded",
+            "gauge",
+            writable,
+        );
+    }
+}
+
 /// The shared store handle (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Store {
-    pub pool: SqlitePool,
+    /// Private: every query lives in this module's files, so callers never see SQL
+    /// and a second backend changes nothing outside `store`.
+    pool: SqlitePool,
+    health: Arc<StoreHealth>,
 }
 
 impl Store {
     /// Opens (creating if needed) `pxed.sqlite` under `data_dir` and runs migrations.
     pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
-            path: data_dir.to_owned(),
-            source,
-        })?;
-        let url = format!("sqlite://{}", data_dir.join("pxed.sqlite").display());
+        let file = data_dir.join("pxed.sqlite");
+        prepare_files(data_dir, &file)?;
+        let url = format!("sqlite://{}", file.display());
         let opts = SqliteConnectOptions::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -54,8 +129,22 @@ impl Store {
         // All connections opened up front and never recycled or pinged: SQLite is a
         // local file, and timers in the pool would otherwise race the lifecycle's
         // deadlines under tokio's paused clock in tests.
+        let health = Arc::new(StoreHealth::default());
+        let h = health.clone();
         let pool = SqlitePoolOptions::new()
             .max_connections(POOL_SIZE)
+            // A statement that failed inside a transaction (SQLITE_FULL at COMMIT, an
+            // I/O error) can leave its connection in that transaction; returned to the
+            // pool it would refuse every later BEGIN until a restart. Close it instead:
+            // SQLite rolls back, and the pool opens a fresh connection when needed.
+            .after_release(move |conn, _| {
+                let stuck = conn.is_in_transaction();
+                if stuck {
+                    h.recycled.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("closing a store connection left inside a failed transaction");
+                }
+                Box::pin(async move { Ok(!stuck) })
+            })
             .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
@@ -69,11 +158,145 @@ impl Store {
             held.push(pool.acquire().await?);
         }
         drop(held);
-        Ok(Store { pool })
+        let store = Store { pool, health };
+        store.check(&file).await?;
+        Ok(store)
+    }
+
+    /// Start-up checks: the file passes SQLite's quick integrity check and takes a
+    /// write, so a corrupt or read-only database is refused with the reason instead
+    /// of serving boot scripts that claim writes which never happen.
+    async fn check(&self, file: &Path) -> Result<(), StoreError> {
+        let verdict: Vec<String> = sqlx::query_scalar("PRAGMA quick_check")
+            .fetch_all(&self.pool)
+            .await?;
+        if verdict != ["ok"] {
+            return Err(StoreError::Corrupt {
+                path: file.to_owned(),
+                detail: verdict.join("; "),
+            });
+        }
+        self.probe_write()
+            .await
+            .map_err(|e| StoreError::NotWritable {
+                path: file.to_owned(),
+                source: Box::new(e),
+            })
+    }
+
+    /// Commits one tiny row: whether the store takes writes right now (disk space,
+    /// permissions, locks). Reuses a result younger than a second.
+    pub async fn probe_write(&self) -> Result<(), StoreError> {
+        if let Some((at, result)) = &*self.health.last_probe.lock().expect("lock")
+            && at.elapsed() < PROBE_CACHE
+        {
+            return match result {
+                None => Ok(()),
+                Some(e) => Err(StoreError::Db(sqlx::Error::Protocol(e.clone()))),
+            };
+        }
+        let at = nodes::now();
+        let write = sqlx::query!(
+            "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+            at
+        )
+        .execute(&self.pool);
+        let result = match tokio::time::timeout(PROBE_TIMEOUT, write).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::Db(e)),
+            Err(_) => Err(StoreError::ProbeTimeout(PROBE_TIMEOUT)),
+        };
+        if result.is_err() {
+            self.health.probe_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        *self.health.last_probe.lock().expect("lock") = Some((
+            Instant::now(),
+            result.as_ref().err().map(ToString::to_string),
+        ));
+        result
+    }
+
+    /// The store's health counters, for `/metrics`.
+    pub fn health(&self) -> Arc<StoreHealth> {
+        self.health.clone()
     }
 
     /// Closes the pool (last step of shutdown).
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// Creates the data dir (0700) and an empty database file (0600) whatever the umask:
+/// the inventory holds BMC credentials. A file that exists but is empty is refused:
+/// SQLite would take it for a new database and pxed would start with no inventory
+/// and no leases (and, in full DHCP mode, hand out addresses that are in use).
+fn prepare_files(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let io = |source| StoreError::DataDir {
+        path: data_dir.to_owned(),
+        source,
+    };
+    if !data_dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(data_dir)
+            .map_err(io)?;
+    }
+    // The directory too: SQLite creates the -wal and -shm files beside the database.
+    for p in [data_dir, file] {
+        if p.exists() {
+            nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).map_err(|source| {
+                StoreError::ReadOnly {
+                    path: p.to_owned(),
+                    source,
+                }
+            })?;
+        }
+    }
+    match std::fs::metadata(file) {
+        Ok(m) if m.len() == 0 => Err(StoreError::EmptyFile {
+            path: file.to_owned(),
+        }),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(file)
+                .map_err(io)?;
+            Ok(())
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[tokio::test]
+    async fn files_are_private_and_damaged_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let store = Store::open(&data).await.unwrap();
+        store.close().await;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(&data.join("pxed.sqlite")), 0o600);
+
+        // Truncated to 0 bytes: refused, not taken for a new inventory.
+        std::fs::write(data.join("pxed.sqlite"), b"").unwrap();
+        let e = Store::open(&data).await.unwrap_err();
+        assert!(matches!(e, StoreError::EmptyFile { .. }), "{e}");
+        assert!(e.to_string().contains("delete it to start a new"), "{e}");
+
+        // Not a database at all.
+        std::fs::write(data.join("pxed.sqlite"), vec![0x5a; 8192]).unwrap();
+        let e = Store::open(&data).await.unwrap_err();
+        assert!(e.to_string().contains("not a database"), "{e}");
     }
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use super::{Store, StoreError};
+use crate::model::{Arch, BootToken, Driver, Mac, NodeArch, State, Step};
 
 /// A node as stored (no secrets: those live in `bmc_secrets`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -12,16 +13,16 @@ pub struct NodeRow {
     pub id: i64,
     pub name: Option<String>,
     pub hostname: Option<String>,
-    pub arch: String,
-    pub state: String,
+    pub arch: NodeArch,
+    pub state: State,
     pub state_since: String,
     pub version: i64,
     pub generation: i64,
     pub attempt: i64,
     pub image: Option<String>,
-    #[serde(skip_serializing)]
-    pub boot_token: Option<String>,
-    pub failed_step: Option<String>,
+    #[serde(skip)]
+    pub boot_token: Option<BootToken>,
+    pub failed_step: Option<Step>,
     pub failed_reason: Option<String>,
     pub facts: Option<String>,
     pub created_at: String,
@@ -33,32 +34,32 @@ pub type EventRow = crate::wire::EventView;
 /// A network interface of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct InterfaceRow {
-    pub mac: String,
+    pub mac: Mac,
     pub node_id: i64,
-    pub is_boot: i64,
+    pub is_boot: bool,
 }
 
 /// A BMC endpoint as shown to operators (the password is never part of it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct BmcRow {
     pub node_id: i64,
-    pub driver: String,
+    pub driver: Driver,
     pub address: String,
     pub username: String,
     pub system_id: Option<String>,
     pub tls_pin: Option<String>,
-    pub tls_insecure: i64,
+    pub tls_insecure: bool,
 }
 
 /// What registering a node needs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct NewNode {
     pub name: Option<String>,
-    pub arch: String,
-    pub state: String,
-    /// MACs, normalized; the first is the boot NIC unless `boot_mac` says otherwise.
-    pub macs: Vec<String>,
-    pub boot_mac: Option<String>,
+    pub arch: NodeArch,
+    pub state: State,
+    /// The first is the boot NIC unless `boot_mac` says otherwise.
+    pub macs: Vec<Mac>,
+    pub boot_mac: Option<Mac>,
     pub bmc: Option<(BmcRow, String)>,
 }
 
@@ -90,9 +91,9 @@ impl Store {
         )
         .fetch_one(&mut *tx)
         .await?;
-        let boot = n.boot_mac.clone().or_else(|| n.macs.first().cloned());
+        let boot = n.boot_mac.or_else(|| n.macs.first().copied());
         for mac in &n.macs {
-            let is_boot = i64::from(Some(mac) == boot.as_ref());
+            let is_boot = Some(*mac) == boot;
             sqlx::query!(
                 "INSERT INTO interfaces (mac, node_id, is_boot) VALUES (?, ?, ?)",
                 mac,
@@ -105,7 +106,7 @@ impl Store {
         if let Some((b, password)) = &n.bmc {
             set_bmc_tx(&mut tx, id, b, Some(password)).await?;
         }
-        append_event(&mut tx, id, 0, None, "registered", &n.state, actor, None).await?;
+        append_event(&mut tx, id, 0, None, "registered", n.state, actor, None).await?;
         tx.commit().await?;
         Ok(id)
     }
@@ -113,7 +114,7 @@ impl Store {
     /// One node by id.
     pub async fn node(&self, id: i64) -> Result<Option<NodeRow>, StoreError> {
         Ok(
-            sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE id = ?", id)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -124,14 +125,14 @@ impl Store {
         if let Ok(id) = reference.parse::<i64>() {
             return self.node(id).await;
         }
-        if let Some(mac) = crate::config::normalize_mac(reference)
-            && let Some(n) = self.node_by_mac(&mac).await?
+        if let Ok(mac) = reference.parse::<Mac>()
+            && let Some(n) = self.node_by_mac(mac).await?
         {
             return Ok(Some(n));
         }
         Ok(sqlx::query_as!(
             NodeRow,
-            "SELECT * FROM nodes WHERE name = ? OR hostname = ? LIMIT 1",
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
             reference,
             reference
         )
@@ -140,10 +141,10 @@ impl Store {
     }
 
     /// The node owning `mac` (normalized).
-    pub async fn node_by_mac(&self, mac: &str) -> Result<Option<NodeRow>, StoreError> {
+    pub async fn node_by_mac(&self, mac: Mac) -> Result<Option<NodeRow>, StoreError> {
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT n.* FROM nodes n JOIN interfaces i ON i.node_id = n.id WHERE i.mac = ?"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
             mac
         )
         .fetch_optional(&self.pool)
@@ -153,7 +154,7 @@ impl Store {
     /// The node whose current boot token is `token`.
     pub async fn node_by_token(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
         Ok(
-            sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE boot_token = ?", token)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ?"#, token)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -161,17 +162,17 @@ impl Store {
 
     /// All nodes, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
-        Ok(sqlx::query_as!(NodeRow, "SELECT * FROM nodes ORDER BY id")
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
             .fetch_all(&self.pool)
             .await?)
     }
 
     /// Nodes in any of `states` (those with deadlines are re-armed on start).
-    pub async fn nodes_in_states(&self, states: &[&str]) -> Result<Vec<NodeRow>, StoreError> {
+    pub async fn nodes_in_states(&self, states: &[State]) -> Result<Vec<NodeRow>, StoreError> {
         let states = serde_json::json!(states).to_string();
         Ok(sqlx::query_as!(
             NodeRow,
-            "SELECT * FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id",
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
             states
         )
         .fetch_all(&self.pool)
@@ -179,15 +180,15 @@ impl Store {
     }
 
     /// Every node with its MACs (boot MAC first), in two queries whatever the count.
-    pub async fn nodes_with_macs(&self) -> Result<Vec<(NodeRow, Vec<String>)>, StoreError> {
+    pub async fn nodes_with_macs(&self) -> Result<Vec<(NodeRow, Vec<Mac>)>, StoreError> {
         let nodes = self.nodes().await?;
         let ifaces = sqlx::query_as!(
             InterfaceRow,
-            "SELECT * FROM interfaces ORDER BY node_id, is_boot DESC, mac"
+            r#"SELECT mac AS "mac: _", node_id, is_boot AS "is_boot: _" FROM interfaces ORDER BY node_id, is_boot DESC, mac"#
         )
         .fetch_all(&self.pool)
         .await?;
-        let mut macs: std::collections::HashMap<i64, Vec<String>> = Default::default();
+        let mut macs: std::collections::HashMap<i64, Vec<Mac>> = Default::default();
         for i in ifaces {
             macs.entry(i.node_id).or_default().push(i.mac);
         }
@@ -204,7 +205,7 @@ impl Store {
     pub async fn interfaces(&self, node_id: i64) -> Result<Vec<InterfaceRow>, StoreError> {
         Ok(sqlx::query_as!(
             InterfaceRow,
-            "SELECT * FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac",
+            r#"SELECT mac AS "mac: _", node_id, is_boot AS "is_boot: _" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
             node_id
         )
         .fetch_all(&self.pool)
@@ -212,7 +213,7 @@ impl Store {
     }
 
     /// The MACs of a node, boot MAC first.
-    pub async fn macs(&self, node_id: i64) -> Result<Vec<String>, StoreError> {
+    pub async fn macs(&self, node_id: i64) -> Result<Vec<Mac>, StoreError> {
         Ok(self
             .interfaces(node_id)
             .await?
@@ -225,7 +226,7 @@ impl Store {
     pub async fn events(&self, node_id: i64) -> Result<Vec<EventRow>, StoreError> {
         Ok(sqlx::query_as!(
             EventRow,
-            "SELECT * FROM node_events WHERE node_id = ? ORDER BY id",
+            r#"SELECT id, node_id, generation, from_state AS "from_state: _", event, to_state AS "to_state: _", at, actor, detail FROM node_events WHERE node_id = ? ORDER BY id"#,
             node_id
         )
         .fetch_all(&self.pool)
@@ -235,7 +236,7 @@ impl Store {
     /// The BMC endpoint of a node (without secret).
     pub async fn bmc(&self, node_id: i64) -> Result<Option<BmcRow>, StoreError> {
         Ok(
-            sqlx::query_as!(BmcRow, "SELECT * FROM bmcs WHERE node_id = ?", node_id)
+            sqlx::query_as!(BmcRow, r#"SELECT node_id, driver AS "driver: _", address, username, system_id, tls_pin, tls_insecure AS "tls_insecure: _" FROM bmcs WHERE node_id = ?"#, node_id)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -266,7 +267,7 @@ impl Store {
     /// Deletes a node (its interfaces, BMC and secrets go with it; the audit log stays).
     pub async fn delete_node(&self, id: i64, actor: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let Some(n) = sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE id = ?", id)
+        let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(&mut *tx)
             .await?
         else {
@@ -279,9 +280,9 @@ impl Store {
             &mut tx,
             id,
             n.generation,
-            Some(&n.state),
+            Some(n.state),
             "deleted",
-            &n.state,
+            n.state,
             actor,
             None,
         )
@@ -324,10 +325,110 @@ impl Store {
     }
 }
 
+/// A write transaction on node lifecycle fields (`BEGIN IMMEDIATE`, so two writers
+/// never both read a version and then race to write it): the lifecycle's only way into
+/// the store. Dropped without [`NodeTx::commit`], it rolls back.
+pub struct NodeTx {
+    tx: Transaction<'static, Sqlite>,
+}
+
+impl Store {
+    /// Starts a lifecycle write transaction.
+    pub async fn begin_node_tx(&self) -> Result<NodeTx, StoreError> {
+        Ok(NodeTx {
+            tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
+        })
+    }
+}
+
+impl NodeTx {
+    /// The node, as this transaction sees it.
+    pub async fn node(&mut self, id: i64) -> Result<Option<NodeRow>, StoreError> {
+        node_tx(&mut self.tx, id).await
+    }
+
+    /// Whether the node's first boot of `generation` was reported already.
+    pub async fn first_boot_reported(
+        &mut self,
+        id: i64,
+        generation: i64,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query_scalar!(
+            r#"SELECT COUNT(*) FROM node_events
+               WHERE node_id = ? AND generation = ? AND event = 'first_boot_reported'"#,
+            id,
+            generation
+        )
+        .fetch_one(&mut *self.tx)
+        .await?;
+        Ok(n > 0)
+    }
+
+    /// Writes `n`'s lifecycle fields if its version is still `expected_version`;
+    /// false when another writer got there first.
+    pub async fn update_node(
+        &mut self,
+        n: &NodeRow,
+        expected_version: i64,
+    ) -> Result<bool, StoreError> {
+        update_node_tx(&mut self.tx, n, expected_version).await
+    }
+
+    /// Appends one audit row.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn append_event(
+        &mut self,
+        node_id: i64,
+        generation: i64,
+        from: Option<State>,
+        event: &str,
+        to: State,
+        actor: &str,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        append_event(
+            &mut self.tx,
+            node_id,
+            generation,
+            from,
+            event,
+            to,
+            actor,
+            detail,
+        )
+        .await
+    }
+
+    /// Records an idempotency key's answer with the change that produced it.
+    pub async fn put_idempotent(
+        &mut self,
+        key: &str,
+        node_id: i64,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        put_idempotent(&mut self.tx, key, node_id, response).await
+    }
+
+    /// The node's boot NIC.
+    pub async fn boot_mac(&mut self, id: i64) -> Result<Option<Mac>, StoreError> {
+        boot_mac_tx(&mut self.tx, id).await
+    }
+
+    /// Every hostname in use.
+    pub async fn hostnames(&mut self) -> Result<Vec<String>, StoreError> {
+        hostnames_tx(&mut self.tx).await
+    }
+
+    /// Commits.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        Ok(self.tx.commit().await?)
+    }
+}
+
 /// Loads a node inside a transaction.
-pub async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<NodeRow>, StoreError> {
+async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<NodeRow>, StoreError> {
     Ok(
-        sqlx::query_as!(NodeRow, "SELECT * FROM nodes WHERE id = ?", id)
+        sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(conn)
             .await?,
     )
@@ -335,7 +436,7 @@ pub async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<Node
 
 /// Writes a node's lifecycle fields if its version is still `expected`; returns false
 /// when another writer got there first (the caller retries or reports a conflict).
-pub async fn update_node_tx(
+async fn update_node_tx(
     conn: &mut SqliteConnection,
     n: &NodeRow,
     expected_version: i64,
@@ -371,7 +472,7 @@ impl Store {
         &self,
         node_id: i64,
         generation: i64,
-        state: &str,
+        state: State,
         event: &str,
         actor: &str,
         detail: &str,
@@ -393,13 +494,13 @@ impl Store {
 
 /// Appends one audit row.
 #[allow(clippy::too_many_arguments)]
-pub async fn append_event(
+async fn append_event(
     conn: &mut SqliteConnection,
     node_id: i64,
     generation: i64,
-    from: Option<&str>,
+    from: Option<State>,
     event: &str,
-    to: &str,
+    to: State,
     actor: &str,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
@@ -422,7 +523,7 @@ pub async fn append_event(
 }
 
 /// Records an idempotency key's answer inside the transaction that produced it.
-pub async fn put_idempotent(
+async fn put_idempotent(
     conn: &mut SqliteConnection,
     key: &str,
     node_id: i64,
@@ -482,8 +583,8 @@ impl Store {
     /// new nodes' ids.
     pub async fn discover_many(
         &self,
-        seen: &[(String, Option<String>)],
-    ) -> Result<Vec<(i64, String)>, StoreError> {
+        seen: &[(Mac, Option<Arch>)],
+    ) -> Result<Vec<(i64, Mac)>, StoreError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut created = Vec::new();
         let t = now();
@@ -494,11 +595,13 @@ impl Store {
             if known.is_some() {
                 continue;
             }
-            let arch = arch.as_deref().unwrap_or("unknown");
+            let arch = NodeArch(*arch);
+            let state = State::Discovered;
             let id = sqlx::query_scalar!(
                 r#"INSERT INTO nodes (arch, state, state_since, created_at)
-                   VALUES (?, 'discovered', ?, ?) RETURNING id"#,
+                   VALUES (?, ?, ?, ?) RETURNING id"#,
                 arch,
+                state,
                 t,
                 t
             )
@@ -517,19 +620,19 @@ impl Store {
                 0,
                 None,
                 "registered",
-                crate::model::State::Discovered.as_str(),
+                state,
                 "discovery",
-                Some(arch),
+                Some(arch.as_str()),
             )
             .await?;
-            created.push((id, mac.clone()));
+            created.push((id, *mac));
         }
         tx.commit().await?;
         Ok(created)
     }
 
     /// Records the architecture a node reported (DHCP option 93 or the agent).
-    pub async fn set_arch(&self, id: i64, arch: &str) -> Result<(), StoreError> {
+    pub async fn set_arch(&self, id: i64, arch: Arch) -> Result<(), StoreError> {
         sqlx::query!("UPDATE nodes SET arch = ? WHERE id = ?", arch, id)
             .execute(&self.pool)
             .await?;
@@ -538,7 +641,7 @@ impl Store {
 }
 
 /// Hostnames in use, inside a transaction.
-pub async fn hostnames_tx(conn: &mut SqliteConnection) -> Result<Vec<String>, StoreError> {
+async fn hostnames_tx(conn: &mut SqliteConnection) -> Result<Vec<String>, StoreError> {
     Ok(
         sqlx::query_scalar!("SELECT hostname FROM nodes WHERE hostname IS NOT NULL")
             .fetch_all(conn)
@@ -550,12 +653,9 @@ pub async fn hostnames_tx(conn: &mut SqliteConnection) -> Result<Vec<String>, St
 }
 
 /// The boot NIC's MAC of a node, inside a transaction.
-pub async fn boot_mac_tx(
-    conn: &mut SqliteConnection,
-    id: i64,
-) -> Result<Option<String>, StoreError> {
+async fn boot_mac_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<Mac>, StoreError> {
     Ok(sqlx::query_scalar!(
-        "SELECT mac FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac LIMIT 1",
+        r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac LIMIT 1"#,
         id
     )
     .fetch_optional(conn)
@@ -649,13 +749,15 @@ mod tests {
         let store = Store::open(dir.path()).await.unwrap();
         for i in 0..40u8 {
             let n = NewNode {
-                arch: "x86_64".into(),
-                state: "available".into(),
+                name: None,
+                arch: Arch::X86_64.into(),
+                state: State::Available,
                 macs: vec![
-                    format!("52:54:00:00:10:{i:02x}"),
-                    format!("52:54:00:00:11:{i:02x}"),
+                    Mac([0x52, 0x54, 0, 0, 0x10, i]),
+                    Mac([0x52, 0x54, 0, 0, 0x11, i]),
                 ],
-                ..Default::default()
+                boot_mac: None,
+                bmc: None,
             };
             store.create_node(&n, "test").await.unwrap();
         }
@@ -666,7 +768,10 @@ mod tests {
         assert!(listed.iter().all(|(_, m)| m.len() == 2));
         assert_eq!(
             listed[3].1,
-            ["52:54:00:00:10:03", "52:54:00:00:11:03"],
+            [
+                "52:54:00:00:10:03".parse::<Mac>().unwrap(),
+                "52:54:00:00:11:03".parse().unwrap()
+            ],
             "boot MAC first"
         );
         assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 0);
@@ -675,8 +780,14 @@ mod tests {
         store.interfaces(listed[0].0.id).await.unwrap();
         assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 1);
         // And filtering by state happens in SQL.
-        let some = store.nodes_in_states(&["available"]).await.unwrap();
+        let some = store.nodes_in_states(&[State::Available]).await.unwrap();
         assert_eq!(some.len(), 40);
-        assert!(store.nodes_in_states(&["failed"]).await.unwrap().is_empty());
+        assert!(
+            store
+                .nodes_in_states(&[State::Failed])
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 }

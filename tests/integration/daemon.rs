@@ -18,7 +18,9 @@ fn curl(args: &[&str]) -> (bool, String, String) {
 fn healthz_and_boot_script() {
     let d = Daemon::start(&[]);
     let (ok, body, _) = curl(&[&d.url("/healthz")]);
-    assert!(ok && body == "ok\n", "{body}");
+    assert!(ok && body.starts_with("ok\nstore: writable\n"), "{body}");
+    let (ok, body, _) = curl(&["-f", &d.url("/readyz")]);
+    assert!(ok && body == "ready\n", "{body}");
     let (ok, body, _) = curl(&["-f", &d.url("/boot/52:54:00:12:34:56.ipxe")]);
     assert!(ok, "script fetch failed");
     assert!(body.starts_with("#!ipxe\n"), "{body}");
@@ -123,47 +125,33 @@ fn check_config_masks_secrets_and_reports_errors() {
 fn startup_errors_are_clear() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
-    let (ok, _, err) = run(Command::new(pxed_bin()).current_dir(repo()).args([
-        "serve",
-        "--demo",
-        "--data-dir",
-        data,
-        "--dhcp",
-        "full",
-        "--interface",
-        "nope0",
-        "--pool",
-        "10.0.0.10-10.0.0.20",
-    ]));
-    assert!(!ok && err.contains("nope0 does not exist"), "{err}");
-
-    let (ok, _, err) = run(Command::new(pxed_bin()).current_dir(repo()).args([
-        "serve",
-        "--demo",
-        "--data-dir",
-        data,
-        "--dhcp",
-        "full",
-        "--interface",
-        "lo",
-        "--pool",
-        "10.0.0.10-10.0.0.20",
-        "--netmask",
-        "255.255.255.0",
-    ]));
-    assert!(!ok && err.contains("outside the subnet of lo"), "{err}");
-
-    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = busy.local_addr().unwrap().to_string();
-    let (ok, _, err) = run(Command::new(pxed_bin()).current_dir(repo()).args([
-        "serve",
-        "--demo",
-        "--data-dir",
-        data,
-        "--http",
-        &addr,
-    ]));
-    assert!(!ok && err.contains("already in use"), "{err}");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = listener.local_addr().unwrap().to_string();
+    let dhcp = |iface: &'static str| {
+        vec![
+            "--dhcp",
+            "full",
+            "--interface",
+            iface,
+            "--pool",
+            "10.0.0.10-10.0.0.20",
+        ]
+    };
+    let cases: [(Vec<&str>, &str); 3] = [
+        (dhcp("nope0"), "nope0 does not exist"),
+        (
+            [dhcp("lo"), vec!["--netmask", "255.255.255.0"]].concat(),
+            "outside the subnet of lo",
+        ),
+        (vec!["--http", &busy], "already in use"),
+    ];
+    for (flags, want) in cases {
+        let (ok, _, err) = run(Command::new(pxed_bin())
+            .current_dir(repo())
+            .args(["serve", "--demo", "--data-dir", data])
+            .args(&flags));
+        assert!(!ok && err.contains(want), "{flags:?}: {err}");
+    }
 }
 
 #[test]

@@ -85,7 +85,8 @@ impl Server {
     }
 
     async fn lease_of(&self, mac: &str) -> Option<leases::LeaseRow> {
-        leases::load(&self.store.pool, 0)
+        self.store
+            .load_leases(0)
             .await
             .unwrap()
             .into_iter()
@@ -351,14 +352,14 @@ async fn leases_survive_a_restart_of_the_binary() {
 
     let store = Store::open(&data).await.unwrap();
     let mac = lan.clients[0].mac("eth0");
-    let rows = leases::load(&store.pool, 0).await.unwrap();
+    let rows = store.load_leases(0).await.unwrap();
     assert!(
         rows.iter().any(|r| r.mac == mac && r.ip.to_string() == ip),
         "{rows:?}"
     );
     // Discovery: the unknown MAC is a `discovered` node with the arch it sent.
     let node = store
-        .node_by_mac(&mac)
+        .node_by_mac(mac.parse().unwrap())
         .await
         .unwrap()
         .expect("discovered node");
@@ -493,7 +494,7 @@ async fn proxy_mode_gives_boot_info_and_no_address() {
     assert_eq!(m.opts().msg_type(), Some(MessageType::Ack));
     assert_eq!(m.yiaddr(), Ipv4Addr::UNSPECIFIED);
     assert_eq!(fname(&m), "ipxe-arm64.efi");
-    assert!(leases::load(&srv.store.pool, 0).await.unwrap().is_empty());
+    assert!(srv.store.load_leases(0).await.unwrap().is_empty());
     srv.stop().await;
 }
 
@@ -629,7 +630,7 @@ async fn reservation_decline_and_release() {
     let env = udhcpc(&lan.clients[0], &[]).await;
     assert_eq!(env["ip"], "10.77.0.20", "{env:?}");
     assert_eq!(env.get("hostname").map(String::as_str), Some("fixed"));
-    let stored = leases::reservations(&srv.store.pool).await.unwrap();
+    let stored = srv.store.reservations().await.unwrap();
     assert_eq!(stored.len(), 1);
 
     let ns = &lan.clients[1];
@@ -673,7 +674,8 @@ async fn reservation_decline_and_release() {
         .insert(DhcpOption::RequestedIpAddress(first));
     peer.send(&decline, "255.255.255.255:67").await;
     let row = until("the decline to be stored", DEADLINE, async || {
-        leases::load(&srv.store.pool, 0)
+        srv.store
+            .load_leases(0)
             .await
             .unwrap()
             .into_iter()
@@ -690,7 +692,7 @@ async fn reservation_decline_and_release() {
     release.opts_mut().insert(sid);
     peer.send(&release, "10.77.0.1:67").await;
     until("the release to be stored", DEADLINE, async || {
-        let rows = leases::load(&srv.store.pool, 0).await.unwrap();
+        let rows = srv.store.load_leases(0).await.unwrap();
         (!rows.iter().any(|l| l.ip == second)).then_some(())
     })
     .await;

@@ -300,7 +300,7 @@ fn check_installed_call(text: &str, c: &InstallContext<'_>) {
         .unwrap();
     let r: InstalledReport = serde_json::from_str(body).unwrap();
     assert_eq!(r.hostname, HOST);
-    assert_eq!(r.arch, c.arch.as_str());
+    assert_eq!(r.arch, c.arch);
 }
 
 /// A structural schema for the autoinstall keys pxed emits (after the Subiquity

@@ -3,6 +3,7 @@
 //! health → available; deadlines with paused time; idempotency; stale tokens.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -148,11 +149,16 @@ fn file(p: &str) -> ImportedFile {
 
 impl Harness {
     async fn new(env: &[(&str, &str)], bmc: RecordingBmc) -> Harness {
+        Harness::new_in(env, bmc, None).await
+    }
+
+    /// [`Harness::new`] with the store in `data_dir` (default: a temp dir).
+    async fn new_in(env: &[(&str, &str)], bmc: RecordingBmc, data_dir: Option<PathBuf>) -> Harness {
         pxed::net::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let flags = Flags {
             demo: true,
-            data_dir: Some(dir.path().join("data")),
+            data_dir: Some(data_dir.unwrap_or_else(|| dir.path().join("data"))),
             ..Default::default()
         };
         let env: Vec<(String, String)> = env
@@ -260,6 +266,40 @@ impl Harness {
         (s, resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// An agent or installer callback: `POST /cb/{token}/{call}`.
+    async fn cb(&self, token: &str, call: &str, body: Value) -> (u16, Value) {
+        self.post(&format!("/cb/{token}/{call}"), body).await
+    }
+
+    /// A callback that must succeed and leave the node in `state`; returns the answer.
+    async fn cb_to(&self, token: &str, call: &str, body: Value, state: &str) -> Value {
+        let (s, v) = self.cb(token, call, body).await;
+        assert_eq!((s, v["state"].as_str()), (200, Some(state)), "{call}: {v}");
+        v
+    }
+
+    /// The node is `failed` at `step` for `reason`; returns it.
+    async fn assert_failed(&self, id: i64, step: &str, reason: &str) -> Value {
+        let n = self.node(id).await;
+        assert_eq!(
+            (&n["state"], &n["failed_step"], &n["failed_reason"]),
+            (&json!("failed"), &json!(step), &json!(reason)),
+            "{n}"
+        );
+        n
+    }
+
+    /// An operator's `POST /api/v1/nodes/{id}/{what}` without idempotency key.
+    async fn node_post(&self, id: i64, what: &str, body: Option<Value>) -> (u16, Value) {
+        self.api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/{what}"),
+            body,
+            None,
+        )
+        .await
+    }
+
     async fn register(&self, mac: &str) -> i64 {
         let (s, v) = self
             .api(
@@ -285,16 +325,19 @@ impl Harness {
     async fn reinstalling(&self, mac: &str) -> i64 {
         let id = self.register(mac).await;
         let (s, v) = self
-            .api(
-                reqwest::Method::POST,
-                &format!("/nodes/{id}/reinstall"),
-                Some(json!({"image": "rocky-9"})),
-                None,
-            )
+            .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
             .await;
         assert_eq!(s, 202, "{v}");
         self.wait_state(id, "netbooting").await;
         id
+    }
+
+    /// [`Harness::reinstalling`], then fetches the boot script as the firmware would
+    /// (serving the installer); returns the node and its boot token.
+    async fn installing(&self, mac: &str) -> (i64, String) {
+        let id = self.reinstalling(mac).await;
+        let (_, script) = self.get_text(&format!("/boot/{mac}.ipxe")).await;
+        (id, token_from_script(&script))
     }
 
     async fn node(&self, id: i64) -> Value {
@@ -365,7 +408,7 @@ async fn reinstall_loop_installs_exactly_once() {
     assert!(ks.contains("node-aabb01"), "{ks}");
     assert!(ks.contains("multi-user.target"), "{ks}");
 
-    let (s, v) = h.post(&format!("/cb/{token}/installed"), json!({})).await;
+    let (s, v) = h.cb(&token, "installed", json!({})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "first_boot");
 
@@ -375,21 +418,18 @@ async fn reinstall_loop_installs_exactly_once() {
     assert!(!script.contains("kernel "), "{script}");
 
     // Health before the first-boot report is refused.
-    let (s, _) = h
-        .post(&format!("/cb/{token}/health"), json!({"status": "pass"}))
-        .await;
+    let (s, _) = h.cb(&token, "health", json!({"status": "pass"})).await;
     assert_eq!(s, 409);
 
     let (s, v) = h
-        .post(
-            &format!("/cb/{token}/first-boot"),
+        .cb(
+            &token,
+            "first-boot",
             json!({"hostname": "node-aabb01", "arch": "x86_64", "facts": {"cpus": 8, "gpus": 1}}),
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    let (s, v) = h
-        .post(&format!("/cb/{token}/health"), json!({"status": "pass"}))
-        .await;
+    let (s, v) = h.cb(&token, "health", json!({"status": "pass"})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "available");
 
@@ -415,7 +455,7 @@ async fn reinstall_loop_installs_exactly_once() {
         ]
     );
     // The used token is dead now.
-    let (s, v) = h.post(&format!("/cb/{token}/installed"), json!({})).await;
+    let (s, v) = h.cb(&token, "installed", json!({})).await;
     assert_eq!(s, 403, "{v}");
     assert_eq!(v["error"], "stale_token");
     // Secrets and tokens never appear in API output.
@@ -484,12 +524,7 @@ async fn stale_tokens_are_refused() {
     let old = token_from_script(&script);
     // Operator gives up on this install and starts another generation.
     let (s, _) = h
-        .api(
-            reqwest::Method::POST,
-            &format!("/nodes/{id}/actions/fail"),
-            Some(json!({"reason": "disk swapped"})),
-            None,
-        )
+        .node_post(id, "actions/fail", Some(json!({"reason": "disk swapped"})))
         .await;
     assert_eq!(s, 200);
     h.api(reqwest::Method::POST, &path, img, None).await;
@@ -534,12 +569,7 @@ async fn deadline_expiry_retries_then_fails_with_the_stage() {
     // Virtual time from here on: the 60 s deadlines and backoffs pass instantly.
     tokio::time::pause();
     let (s, _) = h
-        .api(
-            reqwest::Method::POST,
-            &format!("/nodes/{id}/reinstall"),
-            Some(json!({"image": "rocky-9"})),
-            None,
-        )
+        .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
         .await;
     assert_eq!(s, 202);
     let n = h.wait_state(id, "failed").await;
@@ -591,13 +621,8 @@ async fn bmc_failures_retry_then_fail_with_the_bmc_message() {
     )
     .await;
     let id = h.register("52:54:00:aa:bb:06").await;
-    h.api(
-        reqwest::Method::POST,
-        &format!("/nodes/{id}/reinstall"),
-        Some(json!({"image": "rocky-9"})),
-        None,
-    )
-    .await;
+    h.node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
+        .await;
     let n = h.wait_state(id, "failed").await;
     assert_eq!(n["failed_step"], "power_cycle");
     let reason = n["failed_reason"].as_str().unwrap();
@@ -648,7 +673,25 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
             None,
         )
         .await;
-    assert_eq!((s, v["error"].as_str()), (400, Some("bad_request")));
+    // A value its type rejects is, like an unknown field, well-formed JSON that does
+    // not fit the schema: 422, with the type's own words.
+    assert_eq!((s, v["error"].as_str()), (422, Some("bad_request")));
+    let detail = v["detail"].as_str().unwrap();
+    assert!(detail.contains("unknown MAC address `zz`"), "{detail}");
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            "/nodes",
+            Some(json!({"macs": ["52:54:00:00:00:09"], "arch": "sparc"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 422);
+    let detail = v["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("unknown arch `sparc` (expected x86_64, arm64 or unknown)"),
+        "{detail}"
+    );
     let (s, _) = h
         .api(
             reqwest::Method::POST,
@@ -661,21 +704,11 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
     let (s, v) = h.api(reqwest::Method::GET, "/nodes/999", None, None).await;
     assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
     let (s, v) = h
-        .api(
-            reqwest::Method::POST,
-            &format!("/nodes/{id}/reinstall"),
-            Some(json!({"image": "nope"})),
-            None,
-        )
+        .node_post(id, "reinstall", Some(json!({"image": "nope"})))
         .await;
     assert_eq!((s, v["error"].as_str()), (422, Some("unknown_image")));
     let (s, _) = h
-        .api(
-            reqwest::Method::POST,
-            &format!("/nodes/{id}/reinstall"),
-            Some(json!({"image": 5})),
-            None,
-        )
+        .node_post(id, "reinstall", Some(json!({"image": 5})))
         .await;
     assert_eq!(s, 400);
     // Oversized body.
@@ -715,32 +748,29 @@ async fn lost_installed_callback_does_not_reinstall() {
     // The installer's `installed` call never arrived; the installed system's agent does.
     let h = Harness::new(&[], RecordingBmc::default()).await;
     let mac = "52:54:00:aa:bb:08";
-    let id = h.reinstalling(mac).await;
-    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
-    let token = token_from_script(&script);
+    let (id, token) = h.installing(mac).await;
     assert_eq!(h.node(id).await["state"], "installing");
-    let (s, v) = h
-        .post(
-            &format!("/cb/{token}/first-boot"),
-            json!({"hostname": "node-aabb08", "arch": "x86_64", "facts": {}}),
-        )
-        .await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("first_boot")), "{v}");
+    h.cb_to(
+        &token,
+        "first-boot",
+        json!({"hostname": "node-aabb08", "arch": "x86_64", "facts": {}}),
+        "first_boot",
+    )
+    .await;
     let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
     assert!(
         script.contains("sanboot") && !script.contains("kernel "),
         "{script}"
     );
-    let (s, v) = h
-        .post(
-            &format!("/cb/{token}/health"),
-            json!({"status": "fail", "detail": "nvidia-smi: no devices"}),
-        )
+    h.cb_to(
+        &token,
+        "health",
+        json!({"status": "fail", "detail": "nvidia-smi: no devices"}),
+        "failed",
+    )
+    .await;
+    h.assert_failed(id, "first_boot", "nvidia-smi: no devices")
         .await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("failed")), "{v}");
-    let n = h.node(id).await;
-    assert_eq!(n["failed_step"], "first_boot");
-    assert_eq!(n["failed_reason"], "nvidia-smi: no devices");
 }
 
 /// The boot decision is committed before it is served: a node read as `netbooting`
@@ -752,16 +782,20 @@ async fn a_node_changed_after_the_read_is_not_served_the_installer() {
     let mac = "52:54:00:aa:bb:21";
     let id = h.reinstalling(mac).await;
     // The read the script handler would make...
-    let stale = h.st.store.node_by_mac(mac).await.unwrap().unwrap();
-    assert_eq!(stale.state, "netbooting");
+    let stale =
+        h.st.store
+            .node_by_mac(mac.parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(stale.state, pxed::model::State::Netbooting);
     assert!(stale.boot_token.is_some());
     // ...then an operator quarantines the node before the answer goes out.
     let (s, v) = h
-        .api(
-            reqwest::Method::POST,
-            &format!("/nodes/{id}/actions/quarantine"),
+        .node_post(
+            id,
+            "actions/quarantine",
             Some(json!({"reason": "GPU fell off the bus"})),
-            None,
         )
         .await;
     assert_eq!(s, 200, "{v}");
@@ -808,35 +842,158 @@ async fn unknown_script_fetches_are_not_stored() {
 async fn an_agent_failure_fails_the_node_at_once() {
     let h = Harness::new(&[], RecordingBmc::default()).await;
     let mac = "52:54:00:aa:bb:22";
-    let id = h.reinstalling(mac).await;
-    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
-    let token = token_from_script(&script);
-    let (s, v) = h
-        .post(&format!("/cb/{token}/failure"), json!({"stage": "verify"}))
-        .await;
+    let (id, token) = h.installing(mac).await;
+    let (s, v) = h.cb(&token, "failure", json!({"stage": "verify"})).await;
     assert!(
         (400..500).contains(&s) && v["error"] == "bad_request",
         "missing reason is a JSON error: {s} {v}"
     );
-    let (s, v) = h
-        .post(
-            &format!("/cb/{token}/failure"),
-            json!({"stage": "verify", "reason": "sha256 mismatch: expected ab.., wrote cd.."}),
+    h.cb_to(
+        &token,
+        "failure",
+        json!({"stage": "verify", "reason": "sha256 mismatch: expected ab.., wrote cd.."}),
+        "failed",
+    )
+    .await;
+    let n = h
+        .assert_failed(
+            id,
+            "installing",
+            "verify: sha256 mismatch: expected ab.., wrote cd..",
         )
         .await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("failed")), "{v}");
-    let n = h.node(id).await;
-    assert_eq!(n["failed_step"], "installing");
-    assert_eq!(
-        n["failed_reason"],
-        "verify: sha256 mismatch: expected ab.., wrote cd.."
-    );
     assert_eq!(n["attempt"], 0, "agent failures are not retried");
     let (s, _) = h
-        .post(
-            &format!("/cb/{token}/failure"),
+        .cb(
+            &token,
+            "failure",
             json!({"stage": "write", "reason": "again"}),
         )
         .await;
     assert_eq!(s, 403, "the token was revoked with the failure");
+}
+
+/// A tmpfs mounted for one test, unmounted (lazily) when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs needs root");
+        Tmpfs(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Fills the file system holding `dir` with one file until it refuses more.
+fn fill(dir: &std::path::Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+    path
+}
+
+/// A full disk fails the writes made while it is full, with a JSON reason, and once
+/// space is back every write succeeds again without a restart: a connection left in
+/// the failed transaction is closed, not returned to the pool (it used to refuse
+/// every later write with "attempted to call begin_with at non-zero transaction
+/// depth" until pxed was restarted). `/readyz` says which state the store is in.
+#[tokio::test]
+async fn a_full_disk_fails_writes_and_recovers_without_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&mnt, "6m");
+    let h = Harness::new_in(&[], RecordingBmc::default(), Some(mnt.clone())).await;
+    let first = h.register("52:54:00:aa:cc:01").await;
+    assert_eq!(h.get_text("/readyz").await, (200, "ready\n".into()));
+
+    let filler = fill(&mnt);
+    // Every kind of write fails while the disk is full, and says so.
+    let mut failures = 0;
+    for i in 2..8 {
+        let (s, v) = h
+            .api(
+                reqwest::Method::POST,
+                "/nodes",
+                Some(json!({"macs": [format!("52:54:00:aa:cc:{i:02x}")]})),
+                None,
+            )
+            .await;
+        if s >= 500 {
+            assert!(v["error"].is_string(), "{v}");
+            failures += 1;
+        }
+        let (s, v) = h
+            .node_post(first, "reinstall", Some(json!({"image": "rocky-9"})))
+            .await;
+        if s >= 500 {
+            assert!(v["detail"].is_string(), "{v}");
+            failures += 1;
+        }
+    }
+    assert!(failures > 0, "the disk never filled up");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (s, body) = h.get_text("/readyz").await;
+    assert_eq!(s, 503, "{body}");
+    assert!(body.starts_with("not ready: store:"), "{body}");
+    let (s, body) = h.get_text("/healthz").await;
+    assert!(
+        s == 503 && body.starts_with("degraded\nstore: not writable"),
+        "{body}"
+    );
+
+    // Space is back: the same process takes writes again.
+    std::fs::remove_file(filler).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h.get_text("/readyz").await, (200, "ready\n".into()));
+    let second = h.register("52:54:00:aa:cc:20").await;
+    assert!(second > first);
+    let n = h.node(first).await;
+    if n["state"] == "available" {
+        let (s, v) = h
+            .node_post(first, "reinstall", Some(json!({"image": "rocky-9"})))
+            .await;
+        assert_eq!(s, 202, "{v}");
+    }
+    h.wait_state(first, "netbooting").await;
+    h.assert_metrics(&["pxed_store_writable 1"]).await;
+}
+
+/// A database on a read-only file system is refused at start with the reason (it
+/// used to start, answer `/healthz`, and serve boot scripts that claimed writes).
+#[tokio::test]
+async fn a_read_only_store_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&mnt, "4m");
+    Store::open(&mnt).await.unwrap().close().await;
+    let ok = std::process::Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let e = Store::open(&mnt).await.unwrap_err().to_string();
+    assert!(
+        e.contains("is not writable") && e.contains("Read-only file system"),
+        "{e}"
+    );
 }
