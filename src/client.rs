@@ -1,5 +1,6 @@
-//! Client subcommands: `pxed node ...` talks to the HTTP API; `pxed image ...` and
-//! `pxed bmc check` run on the pxed host against its store (BMC secrets never leave it).
+//! Client subcommands: `pxed node ...` and `pxed bmc check <node>` talk to the HTTP
+//! API (the server checks the BMC: its secrets never leave it); `pxed image ...` runs
+//! on the pxed host against its store.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +9,8 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 
 use crate::wire::{
-    ApiErrorBody, CreateBmc, CreateNode, NodeDetail, NodeView, Operation, ReinstallRequest,
+    ApiErrorBody, BmcCheck, CreateBmc, CreateNode, NodeDetail, NodeView, Operation,
+    ReinstallRequest,
 };
 
 use crate::config::Flags as ServerArgs;
@@ -111,26 +113,41 @@ pub enum ImageCmd {
 /// `pxed bmc ...`.
 #[derive(Subcommand, Debug)]
 pub enum BmcCmd {
-    /// Show what a node's BMC advertises and whether the credentials work.
+    /// Show what a BMC advertises and whether the credentials work: a registered node's
+    /// BMC is checked by the running server (through its API), an unregistered one given
+    /// with --driver/--address from this host.
     Check {
-        /// Node (id, name, hostname or MAC); or give --driver/--address for an unregistered BMC.
+        /// Node (id, name, hostname or MAC).
+        #[arg(required_unless_present = "address", conflicts_with = "address")]
         node: Option<String>,
-        #[arg(long)]
-        driver: Option<String>,
-        #[arg(long)]
-        address: Option<String>,
-        #[arg(long)]
-        username: Option<String>,
-        /// Environment variable holding the password.
-        #[arg(long, default_value = "PXED_BMC_PASSWORD")]
-        password_env: String,
-        #[arg(long)]
-        system_id: Option<String>,
-        #[arg(long)]
-        tls_insecure: bool,
         #[command(flatten)]
-        server: ServerArgs,
+        direct: DirectBmc,
+        #[command(flatten)]
+        api: ApiArgs,
     },
+}
+
+/// A BMC that is not registered, checked from this host with the default call policy.
+#[derive(Args, Debug)]
+pub struct DirectBmc {
+    /// BMC driver: redfish or ipmi.
+    #[arg(long, requires = "address")]
+    driver: Option<String>,
+    /// Redfish: `https://host[:port]`; IPMI: `host[:port]`.
+    #[arg(long, requires = "driver")]
+    address: Option<String>,
+    /// BMC user.
+    #[arg(long, requires = "address")]
+    username: Option<String>,
+    /// Environment variable holding the password.
+    #[arg(long, default_value = "PXED_BMC_PASSWORD")]
+    password_env: String,
+    /// Redfish ComputerSystem id.
+    #[arg(long, requires = "address")]
+    system_id: Option<String>,
+    /// Accept any TLS certificate from this BMC (labs only).
+    #[arg(long, requires = "address")]
+    tls_insecure: bool,
 }
 
 /// Client errors.
@@ -548,78 +565,79 @@ pub fn run_bmc(cmd: BmcCmd) -> ExitCode {
 }
 
 async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
-    use crate::bmc::{BmcEndpoint, CallPolicy, Driver, Secret, TlsPolicy};
     let BmcCmd::Check {
         node,
-        driver,
-        address,
-        username,
-        password_env,
-        system_id,
-        tls_insecure,
-        server,
+        direct,
+        api: a,
     } = cmd;
-    crate::net::install_crypto_provider();
-    let ep = match (node, driver, address) {
-        (Some(node), _, _) => {
-            let cfg = server
-                .load()
-                .map_err(|e| ClientError::Other(e.to_string()))?;
-            let store = crate::store::Store::open(&cfg.data_dir)
-                .await
-                .map_err(|e| ClientError::Other(e.to_string()))?;
-            let n = store
-                .find_node(&node)
-                .await
-                .map_err(|e| ClientError::Other(e.to_string()))?
-                .ok_or_else(|| ClientError::Other(format!("node {node} not found")))?;
-            let bmcs = crate::lifecycle::worker::StoreBmcs {
-                policy: cfg.bmc.call_policy(),
-            };
-            let ep = bmcs
-                .endpoint(&store, n.id)
-                .await
-                .map_err(|e| ClientError::Other(e.to_string()))?;
-            store.close().await;
-            ep
-        }
-        (None, Some(d), Some(address)) => BmcEndpoint {
-            driver: d
-                .parse::<Driver>()
-                .map_err(|e| ClientError::Other(format!("--driver: {e}")))?,
-            address,
-            username: username.unwrap_or_default(),
-            password: Secret::new(std::env::var(&password_env).unwrap_or_default()),
-            system_id,
-            match_mac: None,
-            match_uuid: None,
-            tls: if tls_insecure {
-                TlsPolicy::Insecure
+    let report = match node {
+        Some(node) => {
+            let api = Api::new(&a)?;
+            let v: BmcCheck = api
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/nodes/{node}/bmc/check"),
+                    None,
+                    &[],
+                )
+                .await?;
+            if a.json {
+                print_json(&v);
             } else {
-                TlsPolicy::Pinned(None)
-            },
-            policy: server
-                .load()
-                .map(|c| c.bmc.call_policy())
-                .unwrap_or_else(|_| CallPolicy::default()),
-        },
-        _ => {
-            return Err(ClientError::Other(
-                "name a node, or give --driver and --address".into(),
-            ));
+                let b = &v.bmc;
+                println!(
+                    "node {}: BMC {} at {} as {}",
+                    v.node_id, b.driver, b.address, b.username
+                );
+                println!("{}", v.report);
+            }
+            v.report
+        }
+        None => {
+            let report = check_direct(direct).await?;
+            if a.json {
+                print_json(&report);
+            } else {
+                println!("{report}");
+            }
+            report
         }
     };
-    println!("BMC {} at {} as {}", ep.driver, ep.address, ep.username);
-    match crate::bmc::check(&ep).await {
-        Ok(report) => {
-            println!("{report}");
-            if let crate::bmc::Credentials::Refused { message } = &report.credentials {
-                return Err(ClientError::Other(format!(
-                    "the BMC refused the credentials: {message}"
-                )));
-            }
-            Ok(())
-        }
-        Err(e) => Err(ClientError::Other(format!("check failed: {e}"))),
+    match report.credentials {
+        crate::bmc::Credentials::Refused { message } => Err(ClientError::Other(format!(
+            "the BMC refused the credentials: {message}"
+        ))),
+        crate::bmc::Credentials::Accepted { .. } => Ok(()),
     }
+}
+
+/// Checks an unregistered BMC from this host.
+async fn check_direct(d: DirectBmc) -> Result<crate::bmc::CheckReport, ClientError> {
+    use crate::bmc::{BmcEndpoint, CallPolicy, Driver, Secret, TlsPolicy};
+    let (Some(driver), Some(address)) = (d.driver, d.address) else {
+        return Err(ClientError::Other(
+            "name a node, or give --driver and --address".into(),
+        ));
+    };
+    let ep = BmcEndpoint {
+        driver: driver
+            .parse::<Driver>()
+            .map_err(|e| ClientError::Other(format!("--driver: {e}")))?,
+        address,
+        username: d.username.unwrap_or_default(),
+        password: Secret::new(std::env::var(&d.password_env).unwrap_or_default()),
+        system_id: d.system_id,
+        match_mac: None,
+        match_uuid: None,
+        tls: if d.tls_insecure {
+            TlsPolicy::Insecure
+        } else {
+            TlsPolicy::Pinned(None)
+        },
+        policy: CallPolicy::default(),
+    };
+    crate::net::install_crypto_provider();
+    crate::bmc::check(&ep)
+        .await
+        .map_err(|e| ClientError::Other(format!("check failed: {e}")))
 }

@@ -110,6 +110,7 @@ impl AppState {
         ] {
             sample(&mut out, name, help, "counter", c.get());
         }
+        self.lifecycle.bmc_failures.render(&mut out);
         for r in self.renders.lock().expect("lock").iter() {
             r.render(&mut out);
         }

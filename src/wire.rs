@@ -400,3 +400,16 @@ pub struct Operation {
     /// True when a reinstall was already running: this is that operation, not a new one.
     pub already_in_progress: bool,
 }
+
+/// `POST /api/v1/nodes/{id}/bmc/check`: the server connected to the node's BMC as its
+/// worker would, and reports what the BMC offers and whether the credentials work.
+/// It never carries the BMC password.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BmcCheck {
+    /// The node whose BMC was checked.
+    pub node_id: i64,
+    /// The BMC as registered.
+    pub bmc: BmcView,
+    /// What the BMC answered.
+    pub report: crate::bmc::CheckReport,
+}

@@ -38,9 +38,9 @@ pub use chassis::{BootDevice, BootFlags, ChassisControl, ChassisStatus};
 use chassis::{GetBootFlags, GetChassisStatus, PRIVILEGE_ADMIN, SetBootFlags, SetSessionPrivilege};
 
 use super::{
-    Bmc, BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
-    Credentials, Driver, NextBoot, OverrideEnabled, PowerState, Secret, Step, await_power,
-    observe_restart,
+    BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
+    Credentials, Driver, NextBoot, OverrideEnabled, PowerState, ReadBack, Secret, Step,
+    await_power, observe_restart, set_until_read_back,
 };
 
 const D: Driver = Driver::Ipmi;
@@ -405,6 +405,19 @@ impl IpmiBmc {
         .await
     }
 
+    async fn read_override(&self) -> Result<BootOverride, BmcError> {
+        self.read_boot().await.map(to_override)
+    }
+
+    async fn do_close(&self) {
+        // ipmi-rs 0.6 has no Close Session; dropping the socket lets the BMC time it out.
+        let session = self.session.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            *session.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        })
+        .await;
+    }
+
     async fn do_power(&self, want: PowerState) -> Result<(), BmcError> {
         if self.read_power().await? == want {
             return Ok(());
@@ -453,11 +466,7 @@ impl IpmiBmc {
             efi: next.mode == BootMode::Uefi,
             device: BootDevice::Pxe,
         };
-        let policy = &self.link.policy;
-        let attempts = policy.override_attempts.max(1);
-        let mut delay = policy.backoff;
-        let mut last = None;
-        for attempt in 1..=attempts {
+        set_until_read_back(&self.link.policy, D, &self.link.address, |_| async move {
             self.run(Step::SetBoot, move |l, s| {
                 l.with_session(s, Step::SetBoot, |x| {
                     l.cmd(x, Step::SetBoot, SetBootFlags(want))
@@ -472,41 +481,18 @@ impl IpmiBmc {
                 if got != want {
                     tracing::warn!(bmc = %self.link.address, ?want, ?got, "boot flags read back differ outside the device selector; accepting");
                 }
-                return Ok(to_override(got));
+                return Ok(ReadBack::Landed(to_override(got)));
             }
-            tracing::warn!(bmc = %self.link.address, attempt, ?want, ?got, "boot flags did not stick");
-            last = Some(got);
-            if attempt < attempts {
-                tokio::time::sleep(delay).await;
-                delay = delay.saturating_mul(2);
-            }
-        }
-        Err(BmcError::OverrideNotApplied {
-            driver: D,
-            wanted: to_override(want).to_string(),
-            got: last
-                .map(|g| to_override(g).to_string())
-                .unwrap_or_else(|| "(nothing read)".into()),
-            attempts,
+            Ok(ReadBack::Differs {
+                wanted: to_override(want).to_string(),
+                got: to_override(got),
+            })
         })
+        .await
     }
 
     async fn do_check(&self) -> Result<CheckReport, BmcError> {
-        let mut r = CheckReport {
-            driver: D,
-            address: self.link.address.clone(),
-            credentials: Credentials::Accepted { how: CIPHER.into() },
-            identity: None,
-            system: None,
-            power: None,
-            reset_types: vec![],
-            cycle_plan: None,
-            boot_targets: vec![],
-            boot_modes: vec![],
-            boot_override: None,
-            tls_fingerprint: None,
-            notes: vec![],
-        };
+        let mut r = CheckReport::new(D, &self.link.address, CIPHER.into());
         let id = self
             .run(Step::Check, |l, s| {
                 l.with_session(s, Step::Check, |x| {
@@ -572,42 +558,7 @@ impl IpmiBmc {
     }
 }
 
-impl Bmc for IpmiBmc {
-    fn driver(&self) -> Driver {
-        D
-    }
-    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
-        Box::pin(self.read_power())
-    }
-    fn set_next_boot(&self, next: NextBoot) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
-        Box::pin(self.do_set_boot(next))
-    }
-    fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
-        Box::pin(async move { self.read_boot().await.map(to_override) })
-    }
-    fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
-        Box::pin(self.do_cycle())
-    }
-    fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>> {
-        Box::pin(self.do_power(PowerState::On))
-    }
-    fn power_off(&self) -> BoxFuture<'_, Result<(), BmcError>> {
-        Box::pin(self.do_power(PowerState::Off))
-    }
-    fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>> {
-        Box::pin(self.do_check())
-    }
-    fn close(&self) -> BoxFuture<'_, ()> {
-        // ipmi-rs 0.6 has no Close Session; dropping the socket lets the BMC time it out.
-        let session = self.session.clone();
-        Box::pin(async move {
-            let _ = tokio::task::spawn_blocking(move || {
-                *session.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            })
-            .await;
-        })
-    }
-}
+impl_bmc!(IpmiBmc);
 
 #[cfg(test)]
 mod tests {

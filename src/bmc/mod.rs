@@ -22,6 +22,49 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+/// Implements [`Bmc`] for a driver type from its inherent `async fn`s (`read_power`,
+/// `do_set_boot`, `read_override`, `do_cycle`, `do_power`, `do_check`, `do_close`):
+/// the trait boxes their futures so that it stays object-safe, and this is the one
+/// place that does it. Trait items the driver overrides besides follow the type.
+macro_rules! impl_bmc {
+    ($t:ty $(, $extra:item)* $(,)?) => {
+        impl $crate::bmc::Bmc for $t {
+            fn driver(&self) -> Driver {
+                D
+            }
+            fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+                Box::pin(self.read_power())
+            }
+            fn set_next_boot(
+                &self,
+                next: NextBoot,
+            ) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+                Box::pin(self.do_set_boot(next))
+            }
+            fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+                Box::pin(self.read_override())
+            }
+            fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+                Box::pin(self.do_cycle())
+            }
+            fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+                Box::pin(self.do_power(PowerState::On))
+            }
+            fn power_off(&self) -> BoxFuture<'_, Result<(), BmcError>> {
+                Box::pin(self.do_power(PowerState::Off))
+            }
+            fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>> {
+                Box::pin(self.do_check())
+            }
+            fn close(&self) -> BoxFuture<'_, ()> {
+                Box::pin(self.do_close())
+            }
+            $($extra)*
+        }
+    };
+}
 
 pub mod ipmi;
 pub mod redfish;
@@ -125,8 +168,9 @@ pub struct BmcEndpoint {
     pub policy: CallPolicy,
 }
 
-/// Power state as the BMC reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Power state as the BMC reports it. On the wire: its name (`"On"`, `"Paused"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum PowerState {
     /// Powered on.
     On,
@@ -138,6 +182,32 @@ pub enum PowerState {
     PoweringOff,
     /// Anything else the BMC said (e.g. Redfish `Paused`).
     Other(String),
+}
+
+impl PowerState {
+    /// The state Redfish (and `Display`) names `name`; any other name is kept as
+    /// [`PowerState::Other`].
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "On" => PowerState::On,
+            "Off" => PowerState::Off,
+            "PoweringOn" => PowerState::PoweringOn,
+            "PoweringOff" => PowerState::PoweringOff,
+            o => PowerState::Other(o.into()),
+        }
+    }
+}
+
+impl From<String> for PowerState {
+    fn from(name: String) -> Self {
+        PowerState::from_name(&name)
+    }
+}
+
+impl From<PowerState> for String {
+    fn from(p: PowerState) -> Self {
+        p.to_string()
+    }
 }
 
 impl fmt::Display for PowerState {
@@ -165,7 +235,7 @@ pub enum BootTarget {
 }
 
 /// Firmware boot mode for the override.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BootMode {
     /// UEFI.
     Uefi,
@@ -195,8 +265,9 @@ impl NextBoot {
     }
 }
 
-/// Whether the override is active, as read back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Whether the override is active, as read back. On the wire: its Redfish name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum OverrideEnabled {
     /// Not active.
     Disabled,
@@ -208,8 +279,43 @@ pub enum OverrideEnabled {
     Other(String),
 }
 
+impl OverrideEnabled {
+    /// The value Redfish's `BootSourceOverrideEnabled` names `name`; any other name is
+    /// kept as [`OverrideEnabled::Other`].
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "Disabled" => OverrideEnabled::Disabled,
+            "Once" => OverrideEnabled::Once,
+            "Continuous" => OverrideEnabled::Continuous,
+            o => OverrideEnabled::Other(o.into()),
+        }
+    }
+
+    /// The Redfish name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            OverrideEnabled::Disabled => "Disabled",
+            OverrideEnabled::Once => "Once",
+            OverrideEnabled::Continuous => "Continuous",
+            OverrideEnabled::Other(o) => o,
+        }
+    }
+}
+
+impl From<String> for OverrideEnabled {
+    fn from(name: String) -> Self {
+        OverrideEnabled::from_name(&name)
+    }
+}
+
+impl From<OverrideEnabled> for String {
+    fn from(e: OverrideEnabled) -> Self {
+        e.as_str().to_string()
+    }
+}
+
 /// The boot override as the BMC reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootOverride {
     /// Target device in the BMC's words (`Pxe`, `Hdd`, `UefiHttp`, `None`, ...).
     pub target: String,
@@ -234,8 +340,10 @@ impl fmt::Display for BootOverride {
     }
 }
 
-/// Whether the configured credentials were accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Whether the configured credentials were accepted. On the wire:
+/// `{"result": "accepted", "how": ...}` or `{"result": "refused", "message": ...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
 pub enum Credentials {
     /// Accepted; `how` says which auth was used (session, basic, RAKP cipher suite).
     Accepted {
@@ -249,8 +357,10 @@ pub enum Credentials {
     },
 }
 
-/// What a BMC advertises, for `pxed bmc check`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a BMC advertises, for `pxed bmc check`; the API's answer carries it (see
+/// [`crate::wire::BmcCheck`]). It never holds a secret. Fields a peer of another
+/// version leaves out read as empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckReport {
     /// Driver.
     pub driver: Driver,
@@ -259,25 +369,57 @@ pub struct CheckReport {
     /// Credential result.
     pub credentials: Credentials,
     /// Product / firmware / system the BMC describes itself as.
+    #[serde(default)]
     pub identity: Option<String>,
     /// Redfish ComputerSystem path that was selected.
+    #[serde(default)]
     pub system: Option<String>,
     /// Current power state.
+    #[serde(default)]
     pub power: Option<PowerState>,
     /// Reset types offered (Redfish `ResetType@Redfish.AllowableValues`, IPMI chassis control).
+    #[serde(default)]
     pub reset_types: Vec<String>,
     /// The reset that `power_cycle` would use first.
+    #[serde(default)]
     pub cycle_plan: Option<String>,
     /// Boot override targets offered.
+    #[serde(default)]
     pub boot_targets: Vec<String>,
     /// Boot modes offered (empty when the BMC has no mode field).
+    #[serde(default)]
     pub boot_modes: Vec<String>,
     /// Current override.
+    #[serde(default)]
     pub boot_override: Option<BootOverride>,
     /// SHA-256 of the TLS leaf certificate, when https.
+    #[serde(default)]
     pub tls_fingerprint: Option<String>,
     /// Warnings for the technician.
+    #[serde(default)]
     pub notes: Vec<String>,
+}
+
+impl CheckReport {
+    /// A report of credentials accepted (by `how`) and nothing read yet; the driver
+    /// fills in what the BMC advertises.
+    pub fn new(driver: Driver, address: &str, how: String) -> Self {
+        CheckReport {
+            driver,
+            address: address.to_string(),
+            credentials: Credentials::Accepted { how },
+            identity: None,
+            system: None,
+            power: None,
+            reset_types: vec![],
+            cycle_plan: None,
+            boot_targets: vec![],
+            boot_modes: vec![],
+            boot_override: None,
+            tls_fingerprint: None,
+            notes: vec![],
+        }
+    }
 }
 
 impl fmt::Display for CheckReport {
@@ -476,6 +618,21 @@ impl BmcError {
         }
     }
 
+    /// The driver that failed.
+    pub fn driver(&self) -> Driver {
+        match self {
+            BmcError::Unreachable { driver, .. }
+            | BmcError::AuthRefused { driver, .. }
+            | BmcError::NotSupported { driver, .. }
+            | BmcError::SystemNotFound { driver, .. }
+            | BmcError::OverrideNotApplied { driver, .. }
+            | BmcError::PowerDidNotChange { driver, .. }
+            | BmcError::Timeout { driver, .. }
+            | BmcError::CertificateMismatch { driver, .. }
+            | BmcError::Protocol { driver, .. } => *driver,
+        }
+    }
+
     /// Short machine-friendly kind, for metrics and the node's failure reason.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -581,6 +738,65 @@ where
     }
 }
 
+/// What one write of the boot override found when it read the override back.
+pub(crate) enum ReadBack {
+    /// It landed; the override as read.
+    Landed(BootOverride),
+    /// It did not: what was written, and what reads back.
+    Differs {
+        /// What was written, in the driver's words.
+        wanted: String,
+        /// What the BMC reports now.
+        got: BootOverride,
+    },
+    /// The write was refused in a way that calls for a new attempt at once (a stale
+    /// ETag): no backoff, and nothing learned about the override.
+    Again,
+}
+
+/// The read-back rule both drivers follow: runs `write` (write the override, read it
+/// back) until it lands, with doubling backoff between attempts, else
+/// [`BmcError::OverrideNotApplied`] naming the last read-back. `write` is told whether
+/// another attempt follows, so that it returns its error rather than
+/// [`ReadBack::Again`] on the last one.
+pub(crate) async fn set_until_read_back<F, Fut>(
+    policy: &CallPolicy,
+    driver: Driver,
+    address: &str,
+    mut write: F,
+) -> Result<BootOverride, BmcError>
+where
+    // Not `AsyncFnMut`: its futures cannot be proven `Send` for `Box::pin` in `impl_bmc!`.
+    F: FnMut(bool) -> Fut,
+    Fut: Future<Output = Result<ReadBack, BmcError>>,
+{
+    let attempts = policy.override_attempts.max(1);
+    let mut delay = policy.backoff;
+    let mut last = None;
+    for attempt in 1..=attempts {
+        let more = attempt < attempts;
+        match write(more).await? {
+            ReadBack::Landed(got) => return Ok(got),
+            ReadBack::Again => {}
+            ReadBack::Differs { wanted, got } => {
+                tracing::warn!(%driver, bmc = %address, attempt, %wanted, %got, "boot override did not stick");
+                last = Some((wanted, got.to_string()));
+                if more {
+                    tokio::time::sleep(delay).await;
+                    delay = delay.saturating_mul(2);
+                }
+            }
+        }
+    }
+    let (wanted, got) = last.unwrap_or_else(|| ("(not written)".into(), "(nothing read)".into()));
+    Err(BmcError::OverrideNotApplied {
+        driver,
+        wanted,
+        got,
+        attempts,
+    })
+}
+
 /// Polls `read` until `done` holds or `deadline` passes; returns the last state and
 /// whether it was reached.
 pub(crate) async fn poll_power<F, Fut>(
@@ -627,25 +843,9 @@ where
             tracing::warn!(%driver, action, "restart not observed (no transition within the observe window); accepting the acknowledged reset and final On");
             return Ok(());
         }
-        return Err(BmcError::PowerDidNotChange {
-            driver,
-            action: action.into(),
-            last: s.to_string(),
-            waited: start.elapsed(),
-        });
+        return Err(did_not_change(driver, action, &s, start));
     }
-    let rest = policy.power_deadline.saturating_sub(start.elapsed());
-    let (s, on) = poll_power(policy, rest, &mut read, |s| *s == PowerState::On).await?;
-    if on {
-        Ok(())
-    } else {
-        Err(BmcError::PowerDidNotChange {
-            driver,
-            action: action.into(),
-            last: s.to_string(),
-            waited: start.elapsed(),
-        })
-    }
+    power_reaches(policy, driver, action, PowerState::On, start, read).await
 }
 
 /// Waits until the power state is `want`, else [`BmcError::PowerDidNotChange`].
@@ -661,16 +861,41 @@ where
     Fut: Future<Output = Result<PowerState, BmcError>>,
 {
     let start = tokio::time::Instant::now();
-    let (s, ok) = poll_power(policy, policy.power_deadline, read, |s| *s == want).await?;
-    if ok {
-        Ok(())
-    } else {
-        Err(BmcError::PowerDidNotChange {
-            driver,
-            action: action.into(),
-            last: s.to_string(),
-            waited: start.elapsed(),
-        })
+    power_reaches(policy, driver, action, want, start, read).await
+}
+
+/// Polls until the power state is `want`, at most until `power_deadline` after `since`
+/// (when the action was acknowledged).
+async fn power_reaches<F, Fut>(
+    policy: &CallPolicy,
+    driver: Driver,
+    action: &str,
+    want: PowerState,
+    since: tokio::time::Instant,
+    read: F,
+) -> Result<(), BmcError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<PowerState, BmcError>>,
+{
+    let left = policy.power_deadline.saturating_sub(since.elapsed());
+    match poll_power(policy, left, read, |s| *s == want).await? {
+        (_, true) => Ok(()),
+        (last, false) => Err(did_not_change(driver, action, &last, since)),
+    }
+}
+
+fn did_not_change(
+    driver: Driver,
+    action: &str,
+    last: &PowerState,
+    since: tokio::time::Instant,
+) -> BmcError {
+    BmcError::PowerDidNotChange {
+        driver,
+        action: action.into(),
+        last: last.to_string(),
+        waited: since.elapsed(),
     }
 }
 
@@ -691,9 +916,14 @@ mod tests {
         }
     }
 
+    /// A power-state reader that answers `states` in turn (the last one forever) and
+    /// counts its calls.
     fn script(
         states: &[&str],
-    ) -> impl FnMut() -> futures::future::Ready<Result<PowerState, BmcError>> {
+    ) -> (
+        Arc<Mutex<usize>>,
+        impl FnMut() -> futures::future::Ready<Result<PowerState, BmcError>>,
+    ) {
         let v: Vec<PowerState> = states
             .iter()
             .map(|s| match *s {
@@ -702,13 +932,48 @@ mod tests {
                 o => PowerState::Other(o.into()),
             })
             .collect();
-        let i = Mutex::new(0usize);
-        move || {
-            let mut i = i.lock().unwrap();
+        let reads = Arc::new(Mutex::new(0usize));
+        let n = reads.clone();
+        let read = move || {
+            let mut i = n.lock().unwrap();
             let s = v[(*i).min(v.len() - 1)].clone();
             *i += 1;
             futures::future::ready(Ok(s))
-        }
+        };
+        (reads, read)
+    }
+
+    #[test]
+    fn check_report_json() {
+        let mut r = CheckReport::new(Driver::Redfish, "https://bmc", "session".into());
+        r.power = Some(PowerState::Other("Paused".into()));
+        r.boot_override = Some(BootOverride {
+            target: "Pxe".into(),
+            enabled: OverrideEnabled::Once,
+            mode: Some(BootMode::Uefi),
+            http_uri: None,
+        });
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["driver"], "redfish");
+        assert_eq!(v["power"], "Paused");
+        assert_eq!(
+            v["credentials"],
+            serde_json::json!({"result": "accepted", "how": "session"})
+        );
+        assert_eq!(v["boot_override"]["enabled"], "Once");
+        assert_eq!(v["boot_override"]["mode"], "Uefi");
+        assert_eq!(serde_json::from_value::<CheckReport>(v).unwrap(), r);
+        let least: CheckReport = serde_json::from_value(serde_json::json!({
+            "driver": "ipmi", "address": "h",
+            "credentials": {"result": "refused", "message": "no"}}))
+        .unwrap();
+        assert_eq!(
+            least.credentials,
+            Credentials::Refused {
+                message: "no".into()
+            }
+        );
+        assert_eq!((least.power, least.notes.len()), (None, 0));
     }
 
     #[test]
@@ -729,101 +994,179 @@ mod tests {
         assert!(!format!("{ep:?}").contains("hunter2"));
     }
 
-    #[tokio::test]
-    async fn restart_observed_transition_then_on() {
-        let r = observe_restart(
-            &policy(),
-            Driver::Redfish,
-            "ForceRestart",
-            script(&["On", "Off", "Off", "On"]),
-        )
-        .await;
-        assert!(r.is_ok(), "{r:?}");
+    // The clock is paused in the tests below: tokio advances it only when every task
+    // sleeps, so the elapsed times asserted are exact, not "within some slack".
+
+    /// `observe_restart` under `policy()` (observe 30 ms, deadline 100 ms, poll 10 ms):
+    /// a read every 10 ms; once a transition is seen, the wait for On begins with a
+    /// second read at the same instant.
+    #[tokio::test(start_paused = true)]
+    async fn restart_observation_table() {
+        enum Want {
+            Ok,
+            Stuck(&'static str),
+        }
+        let cases: &[(&str, &[&str], Want, u64)] = &[
+            // Transition at 10 ms, On at 20 ms.
+            (
+                "transition then on",
+                &["On", "Off", "Off", "On"],
+                Want::Ok,
+                20,
+            ),
+            // Off from 10 ms on: the last poll is at exactly power_deadline.
+            (
+                "transition, never on",
+                &["On", "Off"],
+                Want::Stuck("Off"),
+                100,
+            ),
+            // The last read inside the observe window (30 ms) still counts as a transition.
+            (
+                "transition at the window's edge",
+                &["On", "On", "On", "Off"],
+                Want::Stuck("Off"),
+                100,
+            ),
+            // No transition within the window and still On: accepted when the window ends.
+            ("never left on", &["On"], Want::Ok, 30),
+            // The transition comes one poll after the window: not looked for.
+            (
+                "transition after the window",
+                &["On", "On", "On", "On", "Off"],
+                Want::Ok,
+                30,
+            ),
+            // Not On at the first read is a transition; On at the deadline is in time.
+            (
+                "on exactly at the deadline",
+                &[
+                    "Paused", "Off", "Off", "Off", "Off", "Off", "Off", "Off", "Off", "Off", "Off",
+                    "On",
+                ],
+                Want::Ok,
+                100,
+            ),
+        ];
+        for (name, states, want, ms) in cases {
+            let start = tokio::time::Instant::now();
+            let (_, read) = script(states);
+            let r = observe_restart(&policy(), Driver::Redfish, "ForceRestart", read).await;
+            let elapsed = start.elapsed();
+            assert_eq!(elapsed, Duration::from_millis(*ms), "{name}: {r:?}");
+            match (want, &r) {
+                (Want::Ok, Ok(())) => {}
+                (
+                    Want::Stuck(last),
+                    Err(BmcError::PowerDidNotChange {
+                        last: l, waited, ..
+                    }),
+                ) => {
+                    assert_eq!(l, last, "{name}");
+                    assert_eq!(*waited, elapsed, "{name}");
+                }
+                _ => panic!("{name}: {r:?}"),
+            }
+        }
     }
 
-    #[tokio::test]
-    async fn restart_transition_without_on_fails() {
-        let r = observe_restart(
-            &policy(),
-            Driver::Redfish,
-            "ForceRestart",
-            script(&["On", "Off"]),
-        )
-        .await;
-        assert!(
-            matches!(r, Err(BmcError::PowerDidNotChange { ref last, .. }) if last == "Off"),
-            "{r:?}"
-        );
+    /// `await_power` polls until the state arrives or the next poll would pass the
+    /// deadline: the last poll is at or before the deadline, never after.
+    #[tokio::test(start_paused = true)]
+    async fn await_power_deadline_table() {
+        // (power_deadline ms, answers before On (None: never), reads, elapsed ms, Ok?)
+        let cases: &[(u64, Option<usize>, usize, u64, bool)] = &[
+            (100, None, 11, 100, false),
+            // 95 is not a multiple of the poll interval: the poll at 100 ms would be late.
+            (95, None, 10, 90, false),
+            // On at the 11th read (t = 100 ms), exactly the deadline: in time.
+            (100, Some(10), 11, 100, true),
+            // On at t = 100 ms, but the deadline was 95 ms: never read.
+            (95, Some(10), 10, 90, false),
+            (0, None, 1, 0, false),
+            (0, Some(0), 1, 0, true),
+        ];
+        for &(deadline, off_reads, want_reads, ms, ok) in cases {
+            let mut p = policy();
+            p.power_deadline = Duration::from_millis(deadline);
+            let mut states = vec!["Off"; off_reads.unwrap_or(1)];
+            if off_reads.is_some() {
+                states.push("On");
+            }
+            let (reads, read) = script(&states);
+            let start = tokio::time::Instant::now();
+            let r = await_power(&p, Driver::Ipmi, "on", PowerState::On, read).await;
+            let case = format!("deadline {deadline} ms, {off_reads:?} Off reads: {r:?}");
+            assert_eq!(start.elapsed(), Duration::from_millis(ms), "{case}");
+            assert_eq!(*reads.lock().unwrap(), want_reads, "{case}");
+            if ok {
+                assert!(r.is_ok(), "{case}");
+            } else {
+                assert!(
+                    matches!(&r, Err(BmcError::PowerDidNotChange { last, waited, .. })
+                        if last == "Off" && *waited == Duration::from_millis(ms)),
+                    "{case}"
+                );
+            }
+        }
     }
 
-    #[tokio::test]
-    async fn restart_unobserved_but_on_is_accepted() {
-        let r = observe_restart(&policy(), Driver::Redfish, "ForceRestart", script(&["On"])).await;
-        assert!(r.is_ok());
-    }
-
-    #[tokio::test]
-    async fn await_power_deadline() {
-        let start = tokio::time::Instant::now();
-        let r = await_power(
-            &policy(),
-            Driver::Ipmi,
-            "on",
-            PowerState::On,
-            script(&["Off"]),
-        )
-        .await;
-        assert!(matches!(r, Err(BmcError::PowerDidNotChange { .. })));
-        assert!(start.elapsed() <= Duration::from_millis(150));
-    }
-
-    #[tokio::test]
-    async fn retries_stop_on_definite_errors() {
-        let n = Mutex::new(0);
-        let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
-            *n.lock().unwrap() += 1;
-            futures::future::ready(Err(BmcError::Protocol {
-                driver: Driver::Redfish,
-                step: Step::SetBoot,
-                status: Some(400),
-                message: "bad".into(),
-            }))
-        })
-        .await;
-        assert!(r.is_err());
-        assert_eq!(*n.lock().unwrap(), 1);
-        let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
-            *n.lock().unwrap() += 1;
-            futures::future::ready(Err(BmcError::Protocol {
-                driver: Driver::Redfish,
-                step: Step::SetBoot,
-                status: Some(500),
-                message: "oops".into(),
-            }))
-        })
-        .await;
-        assert!(matches!(
-            r,
-            Err(BmcError::Protocol {
-                status: Some(500),
-                ..
+    /// What `with_retries` does with each kind of protocol answer under `policy()`
+    /// (2 retries, backoff 1 ms doubling).
+    #[tokio::test(start_paused = true)]
+    async fn retries_table() {
+        // (status, calls made, ms spent backing off)
+        let cases = [
+            // A definite no: no retry, no backoff.
+            (Some(400), 1, 0),
+            // 501 is definite too (sushy's PowerCycle): the caller falls back instead.
+            (Some(501), 1, 0),
+            (Some(500), 3, 1 + 2),
+            (Some(503), 3, 1 + 2),
+            // An unparseable answer may be a proxy's hiccup.
+            (None, 3, 1 + 2),
+        ];
+        for (status, calls, ms) in cases {
+            let n = Mutex::new(0);
+            let start = tokio::time::Instant::now();
+            let r: Result<(), _> = with_retries(&policy(), Driver::Redfish, Step::SetBoot, || {
+                *n.lock().unwrap() += 1;
+                futures::future::ready(Err(BmcError::Protocol {
+                    driver: Driver::Redfish,
+                    step: Step::SetBoot,
+                    status,
+                    message: "no".into(),
+                }))
             })
-        ));
-        assert_eq!(*n.lock().unwrap(), 1 + 3);
+            .await;
+            assert!(
+                matches!(r, Err(BmcError::Protocol { status: s, .. }) if s == status),
+                "{status:?}: {r:?}"
+            );
+            assert_eq!(*n.lock().unwrap(), calls, "{status:?}");
+            assert_eq!(start.elapsed(), Duration::from_millis(ms), "{status:?}");
+        }
     }
 
-    #[tokio::test]
-    async fn timeout_is_typed() {
+    #[tokio::test(start_paused = true)]
+    async fn timeout_is_typed_and_retried() {
+        let start = tokio::time::Instant::now();
         let r: Result<(), _> = with_retries(&policy(), Driver::Ipmi, Step::Power, || {
             futures::future::pending::<Result<(), BmcError>>()
         })
         .await;
-        assert!(matches!(
-            r,
-            Err(BmcError::Timeout {
-                step: Step::Power,
-                ..
-            })
-        ));
+        assert!(
+            matches!(
+                r,
+                Err(BmcError::Timeout {
+                    step: Step::Power,
+                    after,
+                    ..
+                }) if after == Duration::from_millis(100)
+            ),
+            "{r:?}"
+        );
+        // Three attempts of 100 ms with 1 ms and 2 ms of backoff between them.
+        assert_eq!(start.elapsed(), Duration::from_millis(303));
     }
 }

@@ -10,16 +10,16 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use reqwest::{Method, StatusCode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::{DigitallySignedStruct as Signed, SignatureScheme};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::{
-    Bmc, BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
-    Credentials, Driver, NextBoot, OverrideEnabled, PowerState, Secret, Step, TlsPolicy,
-    await_power, observe_restart, with_retries,
+    BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
+    Credentials, Driver, NextBoot, OverrideEnabled, PowerState, ReadBack, Secret, Step, TlsPolicy,
+    await_power, observe_restart, set_until_read_back, with_retries,
 };
 
 const D: Driver = Driver::Redfish;
@@ -44,8 +44,10 @@ pub fn fingerprint(der: &[u8]) -> String {
 struct PinVerifier {
     pinned: Option<String>,
     seen: Arc<Mutex<Option<String>>>,
-    provider: Arc<CryptoProvider>,
+    algs: WebPkiSupportedAlgorithms,
 }
+
+type Verified = Result<HandshakeSignatureValid, rustls::Error>;
 
 impl ServerCertVerifier for PinVerifier {
     fn verify_server_cert(
@@ -66,38 +68,16 @@ impl ServerCertVerifier for PinVerifier {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+    fn verify_tls12_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &Signed) -> Verified {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.algs)
     }
 
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+    fn verify_tls13_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &Signed) -> Verified {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.algs)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.algs.supported_schemes()
     }
 }
 
@@ -113,6 +93,27 @@ enum Auth {
 struct Resp {
     etag: Option<String>,
     body: Value,
+}
+
+/// One Redfish request, before authentication is added.
+struct Req<'a> {
+    step: Step,
+    method: Method,
+    path: &'a str,
+    body: Option<&'a Value>,
+    if_match: Option<&'a str>,
+}
+
+impl<'a> Req<'a> {
+    fn new(step: Step, method: Method, path: &'a str) -> Self {
+        Req {
+            step,
+            method,
+            path,
+            body: None,
+            if_match: None,
+        }
+    }
 }
 
 /// Redfish BMC driver. Build it with [`super::connect`].
@@ -189,15 +190,11 @@ fn strings(v: &Value) -> Option<Vec<String>> {
     })
 }
 
+/// A field Redfish did not send, in the place of its value.
+const NOT_REPORTED: &str = "(not reported)";
+
 fn parse_power(v: &Value) -> PowerState {
-    match v["PowerState"].as_str() {
-        Some("On") => PowerState::On,
-        Some("Off") => PowerState::Off,
-        Some("PoweringOn") => PowerState::PoweringOn,
-        Some("PoweringOff") => PowerState::PoweringOff,
-        Some(o) => PowerState::Other(o.into()),
-        None => PowerState::Other("(not reported)".into()),
-    }
+    PowerState::from_name(v["PowerState"].as_str().unwrap_or(NOT_REPORTED))
 }
 
 fn parse_boot(v: &Value) -> BootOverride {
@@ -205,15 +202,13 @@ fn parse_boot(v: &Value) -> BootOverride {
     BootOverride {
         target: b["BootSourceOverrideTarget"]
             .as_str()
-            .unwrap_or("(not reported)")
+            .unwrap_or(NOT_REPORTED)
             .into(),
-        enabled: match b["BootSourceOverrideEnabled"].as_str() {
-            Some("Disabled") => OverrideEnabled::Disabled,
-            Some("Once") => OverrideEnabled::Once,
-            Some("Continuous") => OverrideEnabled::Continuous,
-            Some(o) => OverrideEnabled::Other(o.into()),
-            None => OverrideEnabled::Other("(not reported)".into()),
-        },
+        enabled: OverrideEnabled::from_name(
+            b["BootSourceOverrideEnabled"]
+                .as_str()
+                .unwrap_or(NOT_REPORTED),
+        ),
         mode: match b["BootSourceOverrideMode"].as_str() {
             Some("UEFI") => Some(BootMode::Uefi),
             Some("Legacy") => Some(BootMode::Legacy),
@@ -327,7 +322,7 @@ impl RedfishBmc {
         let verifier = PinVerifier {
             pinned: pinned.clone(),
             seen: seen_fp.clone(),
-            provider: provider.clone(),
+            algs: provider.signature_verification_algorithms,
         };
         let proto_err = |m: String| BmcError::Protocol {
             driver: D,
@@ -417,27 +412,20 @@ impl RedfishBmc {
     }
 
     /// One raw exchange with the given auth; non-2xx becomes a typed error.
-    async fn exchange(
-        &self,
-        step: Step,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-        if_match: Option<&str>,
-        auth: &Auth,
-    ) -> Result<Resp, BmcError> {
+    async fn exchange(&self, req: &Req<'_>, auth: &Auth) -> Result<Resp, BmcError> {
+        let step = req.step;
         let mut rb = self
             .client
-            .request(method, self.url(path))
+            .request(req.method.clone(), self.url(req.path))
             .header("Accept", "application/json");
         rb = match auth {
             Auth::Basic => rb.basic_auth(&self.username, Some(self.password.expose())),
             Auth::Session { token, .. } => rb.header("X-Auth-Token", token.expose()),
         };
-        if let Some(b) = body {
+        if let Some(b) = req.body {
             rb = rb.json(b);
         }
-        if let Some(t) = if_match {
+        if let Some(t) = req.if_match {
             rb = rb.header("If-Match", t);
         }
         let resp = rb.send().await.map_err(|e| self.send_error(step, e))?;
@@ -482,11 +470,7 @@ impl RedfishBmc {
         // auth is sent anyway for those (like sushy with an auth file) that protect it.
         let root = self
             .exchange(
-                Step::Login,
-                Method::GET,
-                "/redfish/v1/",
-                None,
-                None,
+                &Req::new(Step::Login, Method::GET, "/redfish/v1/"),
                 &Auth::Basic,
             )
             .await?
@@ -558,46 +542,25 @@ impl RedfishBmc {
         Ok(a)
     }
 
-    /// One exchange with login; an expired session is re-opened once.
-    async fn once(
-        &self,
-        step: Step,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-        if_match: Option<&str>,
-    ) -> Result<Resp, BmcError> {
-        let auth = self.auth().await?;
-        match self
-            .exchange(step, method.clone(), path, body, if_match, &auth)
-            .await
-        {
-            Err(BmcError::AuthRefused { .. }) if matches!(auth, Auth::Session { .. }) => {
-                *self.auth.lock().await = None;
-                let auth = self.auth().await?;
-                self.exchange(step, method, path, body, if_match, &auth)
-                    .await
+    /// One request, retried per the call policy; on each attempt an expired session is
+    /// re-opened once.
+    async fn call(&self, req: Req<'_>) -> Result<Resp, BmcError> {
+        let req = &req;
+        with_retries(&self.policy, D, req.step, || async move {
+            let auth = self.auth().await?;
+            match self.exchange(req, &auth).await {
+                Err(BmcError::AuthRefused { .. }) if matches!(auth, Auth::Session { .. }) => {
+                    *self.auth.lock().await = None;
+                    self.exchange(req, &self.auth().await?).await
+                }
+                r => r,
             }
-            r => r,
-        }
-    }
-
-    async fn call(
-        &self,
-        step: Step,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-        if_match: Option<&str>,
-    ) -> Result<Resp, BmcError> {
-        with_retries(&self.policy, D, step, || {
-            self.once(step, method.clone(), path, body, if_match)
         })
         .await
     }
 
     async fn get(&self, step: Step, path: &str) -> Result<Resp, BmcError> {
-        self.call(step, Method::GET, path, None, None).await
+        self.call(Req::new(step, Method::GET, path)).await
     }
 
     /// The ComputerSystem path, found once per driver.
@@ -712,6 +675,10 @@ impl RedfishBmc {
         self.get(step, &path).await
     }
 
+    async fn read_override(&self) -> Result<BootOverride, BmcError> {
+        Ok(parse_boot(&self.read_system(Step::ReadBoot).await?.body))
+    }
+
     async fn read_power(&self) -> Result<PowerState, BmcError> {
         Ok(parse_power(&self.read_system(Step::PowerState).await?.body))
     }
@@ -724,13 +691,11 @@ impl RedfishBmc {
     }
 
     async fn reset(&self, target: &str, kind: &str) -> Result<(), BmcError> {
-        self.call(
-            Step::Power,
-            Method::POST,
-            target,
-            Some(&json!({ "ResetType": kind })),
-            None,
-        )
+        let body = json!({ "ResetType": kind });
+        self.call(Req {
+            body: Some(&body),
+            ..Req::new(Step::Power, Method::POST, target)
+        })
         .await
         .map(|_| ())
     }
@@ -835,77 +800,44 @@ impl RedfishBmc {
     }
 
     async fn do_set_boot(&self, next: NextBoot) -> Result<BootOverride, BmcError> {
-        let path = self.system().await?.to_string();
-        let mut last = None;
-        let mut delay = self.policy.backoff;
-        let attempts = self.policy.override_attempts.max(1);
-        let mut wanted = String::new();
-        for attempt in 1..=attempts {
-            let cur = self.get(Step::SetBoot, &path).await?;
-            let (patch, notes) = boot_patch(&cur.body, &next)?;
+        let path = &self.system().await?.to_string();
+        let next = &next;
+        set_until_read_back(&self.policy, D, &self.base, |more| async move {
+            let cur = self.get(Step::SetBoot, path).await?;
+            let (patch, notes) = boot_patch(&cur.body, next)?;
             for n in &notes {
                 tracing::info!(bmc = %self.base, note = %n, "boot override");
             }
-            wanted = patch["Boot"].to_string();
-            match self
-                .call(
-                    Step::SetBoot,
-                    Method::PATCH,
-                    &path,
-                    Some(&patch),
-                    cur.etag.as_deref(),
-                )
-                .await
-            {
+            let req = Req {
+                body: Some(&patch),
+                if_match: cur.etag.as_deref(),
+                ..Req::new(Step::SetBoot, Method::PATCH, path)
+            };
+            match self.call(req).await {
                 Ok(_) => {}
                 Err(BmcError::Protocol {
                     status: Some(412), ..
-                }) if attempt < attempts => {
+                }) if more => {
                     tracing::warn!(bmc = %self.base, "ETag changed under us, re-reading");
-                    continue;
+                    return Ok(ReadBack::Again);
                 }
                 Err(e) => return Err(e),
             }
-            let got = parse_boot(&self.get(Step::ReadBoot, &path).await?.body);
-            if override_matches(&patch, &got) {
-                if next.once && got.enabled != OverrideEnabled::Once {
-                    tracing::warn!(bmc = %self.base, enabled = ?got.enabled, "BMC reads a one-time override back as not Once; accepting");
-                }
-                return Ok(got);
+            let got = parse_boot(&self.get(Step::ReadBoot, path).await?.body);
+            if !override_matches(&patch, &got) {
+                let wanted = patch["Boot"].to_string();
+                return Ok(ReadBack::Differs { wanted, got });
             }
-            tracing::warn!(bmc = %self.base, attempt, %wanted, got = %got, "boot override did not stick");
-            last = Some(got);
-            if attempt < attempts {
-                tokio::time::sleep(delay).await;
-                delay = delay.saturating_mul(2);
+            if next.once && got.enabled != OverrideEnabled::Once {
+                tracing::warn!(bmc = %self.base, enabled = ?got.enabled, "BMC reads a one-time override back as not Once; accepting");
             }
-        }
-        Err(BmcError::OverrideNotApplied {
-            driver: D,
-            wanted,
-            got: last
-                .map(|g| g.to_string())
-                .unwrap_or_else(|| "(nothing read)".into()),
-            attempts,
+            Ok(ReadBack::Landed(got))
         })
+        .await
     }
 
     async fn do_check(&self) -> Result<CheckReport, BmcError> {
-        let mut r = CheckReport {
-            driver: D,
-            address: self.base.clone(),
-            credentials: Credentials::Accepted { how: String::new() },
-            identity: None,
-            system: None,
-            power: None,
-            reset_types: vec![],
-            cycle_plan: None,
-            boot_targets: vec![],
-            boot_modes: vec![],
-            boot_override: None,
-            tls_fingerprint: None,
-            notes: vec![],
-        };
+        let mut r = CheckReport::new(D, &self.base, String::new());
         if self.insecure && self.base.starts_with("https://") {
             r.notes
                 .push("TLS verification disabled for this BMC (insecure opt-out)".into());
@@ -1020,7 +952,7 @@ impl RedfishBmc {
                 return;
             };
             if let Err(e) = self
-                .exchange(Step::Login, Method::DELETE, loc, None, None, a)
+                .exchange(&Req::new(Step::Login, Method::DELETE, loc), a)
                 .await
             {
                 tracing::debug!(bmc = %self.base, error = %e, "session logout failed");
@@ -1029,38 +961,12 @@ impl RedfishBmc {
     }
 }
 
-impl Bmc for RedfishBmc {
-    fn driver(&self) -> Driver {
-        D
-    }
-    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
-        Box::pin(self.read_power())
-    }
-    fn set_next_boot(&self, next: NextBoot) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
-        Box::pin(self.do_set_boot(next))
-    }
-    fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
-        Box::pin(async move { Ok(parse_boot(&self.read_system(Step::ReadBoot).await?.body)) })
-    }
-    fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
-        Box::pin(self.do_cycle())
-    }
-    fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>> {
-        Box::pin(self.do_power(PowerState::On))
-    }
-    fn power_off(&self) -> BoxFuture<'_, Result<(), BmcError>> {
-        Box::pin(self.do_power(PowerState::Off))
-    }
-    fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>> {
-        Box::pin(self.do_check())
-    }
+impl_bmc!(
+    RedfishBmc,
     fn tls_fingerprint(&self) -> Option<String> {
         self.seen()
     }
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.do_close())
-    }
-}
+);
 
 #[cfg(test)]
 mod tests {

@@ -13,11 +13,13 @@ use serde::{Deserialize, Serialize};
 use super::error::{ApiError, JsonBody};
 use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
+use crate::lifecycle::worker::ConnectError;
 use crate::model::{Mac, NodeArch};
 use crate::state::AppState;
 use crate::store::nodes::{BmcRow, NewNode, NodeRow};
 pub use crate::wire::{
-    BmcView, CreateBmc, CreateNode, EventView, NodeDetail, NodeView, Operation, ReinstallRequest,
+    BmcCheck, BmcView, CreateBmc, CreateNode, EventView, NodeDetail, NodeView, Operation,
+    ReinstallRequest,
 };
 
 /// Routes under `/api/v1` (auth applied by the caller).
@@ -27,6 +29,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/nodes/{id}", get(get_node).delete(delete_node))
         .route("/nodes/{id}/reinstall", post(reinstall))
         .route("/nodes/{id}/actions/{action}", post(action))
+        .route("/nodes/{id}/bmc/check", post(bmc_check))
         .route("/images", get(list_images))
         .fallback(|| async { ApiError::not_found("API route") })
         .route_layer(axum::middleware::from_fn_with_state(state, auth))
@@ -379,6 +382,56 @@ async fn action(
     let n = find(&st, &id).await?;
     let applied = st.lifecycle.apply(n.id, &event, "api").await?;
     Ok(Json(view(&st, applied.node).await?))
+}
+
+/// Runs `pxed bmc check` on the server, where the BMC secrets are: the answer has none.
+async fn bmc_check(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<BmcCheck>, ApiError> {
+    let n = find(&st, &id).await?;
+    let bmc = st
+        .store
+        .bmc(n.id)
+        .await?
+        .map(bmc_view)
+        .ok_or_else(|| no_bmc(n.id))?;
+    let report = tokio::select! {
+        // CANCEL-SAFETY: the check only reads; a Redfish session it leaves open expires
+        // on the BMC.
+        _ = st.shutdown.cancelled() => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "pxed is shutting down",
+            ));
+        }
+        // CANCEL-SAFETY: bounded by the BMC call policy; see above.
+        r = st.lifecycle.check_bmc(n.id) => r,
+    };
+    match report {
+        Ok(report) => Ok(Json(BmcCheck {
+            node_id: n.id,
+            bmc,
+            report,
+        })),
+        Err(ConnectError::NoBmc) => Err(no_bmc(n.id)),
+        Err(ConnectError::Store(e)) => Err(e.into()),
+        // The BMC failed, not the API: 502 with the typed kind as the code.
+        Err(e) => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            e.kind(),
+            e.to_string(),
+        )),
+    }
+}
+
+fn no_bmc(id: i64) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "no_bmc",
+        format!("node {id} has no BMC"),
+    )
 }
 
 async fn list_images(

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use super::apply::{self, Applied, ApplyError, Hooks};
 use super::transition::{BmcStep, Effect, Event, Policy, State};
 use crate::bmc::{self, Bmc, BmcEndpoint, BmcError, NextBoot, Secret, TlsPolicy};
+use crate::metrics::CounterFamily;
 use crate::store::Store;
 use crate::store::nodes::parse_time;
 
@@ -28,6 +29,91 @@ pub enum ConnectError {
     Bmc(#[from] BmcError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+}
+
+impl ConnectError {
+    /// Short machine-friendly kind, as [`BmcError::kind`] (whose kinds it passes on).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConnectError::NoBmc => "no_bmc",
+            ConnectError::Bmc(e) => e.kind(),
+            ConnectError::Store(_) => "store",
+        }
+    }
+}
+
+/// Why one BMC step of a reclaim failed. Its text, which names the driver, the step,
+/// the kind and the BMC's own message (never a secret), is the `bmc_step_failed`
+/// reason in the audit log; its labels count it in `pxed_bmc_failures_total`.
+#[derive(Debug, thiserror::Error)]
+pub enum BmcCallError {
+    /// No driver could be had for the node (no BMC, unreadable store).
+    #[error("{step} [{}]: {error}", error.kind())]
+    Connect {
+        /// The step that could not start.
+        step: BmcStep,
+        /// Why.
+        error: ConnectError,
+    },
+    /// A driver ran the step, or was built for it, and failed.
+    #[error("{} {step} [{}]: {error}", error.driver(), error.kind())]
+    Bmc {
+        /// The step.
+        step: BmcStep,
+        /// What the driver found.
+        error: BmcError,
+    },
+}
+
+impl BmcCallError {
+    fn new(step: BmcStep, error: ConnectError) -> Self {
+        match error {
+            // Building a driver fails typed (a bad address): keep its driver and kind.
+            ConnectError::Bmc(error) => BmcCallError::Bmc { step, error },
+            error => BmcCallError::Connect { step, error },
+        }
+    }
+
+    /// The step that failed.
+    pub fn step(&self) -> BmcStep {
+        match self {
+            BmcCallError::Connect { step, .. } | BmcCallError::Bmc { step, .. } => *step,
+        }
+    }
+
+    /// The driver, where one was known.
+    pub fn driver(&self) -> Option<bmc::Driver> {
+        match self {
+            BmcCallError::Connect { .. } => None,
+            BmcCallError::Bmc { error, .. } => Some(error.driver()),
+        }
+    }
+
+    /// Short machine-friendly kind ([`BmcError::kind`], [`ConnectError::kind`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BmcCallError::Connect { error, .. } => error.kind(),
+            BmcCallError::Bmc { error, .. } => error.kind(),
+        }
+    }
+
+    /// Label values for `pxed_bmc_failures_total`: driver (`none` before one was
+    /// known), step, kind.
+    pub fn labels(&self) -> [&'static str; 3] {
+        [
+            self.driver().map_or("none", bmc::Driver::as_str),
+            self.step().as_str(),
+            self.kind(),
+        ]
+    }
+}
+
+/// One BMC step of one reclaim attempt, as an effect asked for it.
+#[derive(Debug, Clone, Copy)]
+struct BmcJob {
+    step: BmcStep,
+    generation: i64,
+    attempt: u32,
 }
 
 /// Finds the BMC of a node. The daemon uses [`StoreBmcs`]; tests pass a recording double.
@@ -101,6 +187,8 @@ pub struct Lifecycle {
     tasks: TaskTracker,
     cancel: CancellationToken,
     changes: tokio::sync::broadcast::Sender<NodeChange>,
+    /// Failed BMC steps by driver, step and kind (`/metrics`).
+    pub bmc_failures: CounterFamily<3>,
 }
 
 /// A committed change, published to the status page's live stream.
@@ -136,6 +224,11 @@ impl Lifecycle {
             tasks: TaskTracker::new(),
             cancel,
             changes: tokio::sync::broadcast::channel(256).0,
+            bmc_failures: CounterFamily::new(
+                "pxed_bmc_failures_total",
+                "Failed BMC steps (every attempt) by driver, step and error kind",
+                ["driver", "step", "kind"],
+            ),
         })
     }
 
@@ -256,25 +349,28 @@ impl Lifecycle {
         attempt: u32,
         delay: Duration,
     ) {
+        let job = BmcJob {
+            step,
+            generation,
+            attempt,
+        };
         let me = self.clone();
         self.tasks.spawn(async move {
             tokio::select! {
                 // CANCEL-SAFETY: an interrupted BMC step is re-run from the store on start.
                 _ = me.cancel.cancelled() => {}
                 // CANCEL-SAFETY: see above; the step is idempotent (set netboot then cycle again).
-                _ = me.bmc_step(id, step, generation, attempt, delay) => {}
+                _ = me.bmc_step(id, job, delay) => {}
             }
         });
     }
 
-    async fn bmc_step(
-        self: &Arc<Self>,
-        id: i64,
-        step: BmcStep,
-        generation: i64,
-        attempt: u32,
-        delay: Duration,
-    ) {
+    async fn bmc_step(self: &Arc<Self>, id: i64, job: BmcJob, delay: Duration) {
+        let BmcJob {
+            step,
+            generation,
+            attempt,
+        } = job;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
@@ -293,8 +389,7 @@ impl Lifecycle {
                 return;
             }
         }
-        let result = self.bmc_call(id, step).await;
-        let event = match result {
+        let event = match self.bmc_call(id, step).await {
             Ok(driver) => {
                 tracing::info!(node = id, %step, %driver, generation, attempt, "BMC step done");
                 match step {
@@ -308,27 +403,28 @@ impl Lifecycle {
                     },
                 }
             }
-            Err(reason) => {
-                tracing::warn!(node = id, %step, generation, attempt, %reason, "BMC step failed");
+            Err(e) => {
+                self.bmc_failures.inc(e.labels());
+                let kind = e.kind();
+                tracing::warn!(node = id, %step, kind, generation, attempt, reason = %e, "BMC step failed");
                 Event::BmcStepFailed {
                     step,
                     generation,
                     attempt,
-                    reason,
+                    reason: e.to_string(),
                 }
             }
         };
         self.apply_logged(id, event, "bmc").await;
     }
 
-    /// Runs one BMC step; the error text names the driver, the step and the BMC's message.
-    async fn bmc_call(&self, id: i64, step: BmcStep) -> Result<String, String> {
+    /// Runs one BMC step; returns the driver that did it.
+    async fn bmc_call(&self, id: i64, step: BmcStep) -> Result<bmc::Driver, BmcCallError> {
         let b = self
             .bmcs
             .connect(&self.store, id)
             .await
-            .map_err(|e| format!("{step}: {e}"))?;
-        let driver = b.driver().to_string();
+            .map_err(|e| BmcCallError::new(step, e))?;
         let r = match step {
             BmcStep::SetNetboot => b.set_next_boot(NextBoot::pxe_once()).await.map(|_| ()),
             BmcStep::PowerCycle => b.power_cycle().await,
@@ -341,8 +437,18 @@ impl Lifecycle {
             let _ = self.store.pin_bmc_cert(id, &fp).await;
         }
         b.close().await;
-        r.map(|()| driver.clone())
-            .map_err(|e| format!("{driver} {step}: {e}"))
+        r.map(|()| b.driver())
+            .map_err(|error| BmcCallError::Bmc { step, error })
+    }
+
+    /// `pxed bmc check`: connects to node `id`'s BMC as the worker would (same
+    /// connector, same call policy) and reports what it offers. Nothing is pinned or
+    /// stored: this only looks.
+    pub async fn check_bmc(&self, id: i64) -> Result<bmc::CheckReport, ConnectError> {
+        let b = self.bmcs.connect(&self.store, id).await?;
+        let r = b.check().await;
+        b.close().await;
+        Ok(r?)
     }
 
     async fn apply_logged(self: &Arc<Self>, id: i64, event: Event, actor: &str) {
@@ -406,5 +512,41 @@ impl Lifecycle {
             n += 1;
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bmc::Driver;
+
+    #[test]
+    fn bmc_call_error_text_and_labels() {
+        let e = BmcCallError::new(
+            BmcStep::SetNetboot,
+            ConnectError::Bmc(BmcError::OverrideNotApplied {
+                driver: Driver::Redfish,
+                wanted: "Pxe".into(),
+                got: "target=Hdd".into(),
+                attempts: 3,
+            }),
+        );
+        assert_eq!(
+            e.to_string(),
+            "redfish set_netboot [override_not_applied]: redfish BMC did not apply the boot \
+             override after 3 attempts: wanted Pxe, reads back target=Hdd"
+        );
+        assert_eq!(
+            e.labels(),
+            ["redfish", "set_netboot", "override_not_applied"]
+        );
+
+        let e = BmcCallError::new(BmcStep::PowerCycle, ConnectError::NoBmc);
+        assert!(
+            e.to_string()
+                .starts_with("power_cycle [no_bmc]: no BMC is configured"),
+            "{e}"
+        );
+        assert_eq!(e.labels(), ["none", "power_cycle", "no_bmc"]);
     }
 }

@@ -570,107 +570,295 @@ async fn redfish_tls_pinned_on_first_use_then_enforced() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_not_listening_is_unreachable() {
-    let port = free_tcp_port();
-    let ep = endpoint(
-        Driver::Redfish,
-        format!("http://127.0.0.1:{port}"),
-        PASSWORD,
-        fault_policy(),
-    );
-    let b = bmc::connect(&ep).unwrap();
-    let t = Instant::now();
-    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
-    assert!(matches!(e, BmcError::Unreachable { .. }), "{e:?}");
-    assert!(t.elapsed() < FAULT_BUDGET);
-    assert_no_secret(&format!("{e} {e:?}"));
+/// The BMC a fault case talks to.
+#[derive(Clone, Copy)]
+pub(crate) enum Peer {
+    /// Nothing listens at the address (a free port).
+    Silent(Driver),
+    /// sushy-tools itself.
+    Sushy,
+    /// sushy-tools behind `bmc_fault_proxy.py` with these faults.
+    Proxy(&'static str),
+    /// ipmi_sim, with this fault file dropped in its chassis dir.
+    IpmiSim(Option<&'static str>),
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_wrong_password_is_auth_refused() {
-    let sushy = Sushy::start();
-    let ep = endpoint(
-        Driver::Redfish,
-        sushy.url(),
-        "wrong-password",
-        fault_policy(),
-    );
-    let b = bmc::connect(&ep).unwrap();
-    let t = Instant::now();
-    let e = b.power_cycle().await.unwrap_err();
-    assert!(matches!(e, BmcError::AuthRefused { .. }), "{e:?}");
-    assert!(t.elapsed() < FAULT_BUDGET);
-    assert!(!format!("{e}").contains("wrong-password"));
+/// A started [`Peer`]: its address, and the processes that must outlive its use.
+pub(crate) struct Running {
+    pub(crate) driver: Driver,
+    pub(crate) address: String,
+    pub(crate) proxy: Option<FaultProxy>,
+    _sim: Option<IpmiSim>,
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_patch_500_is_protocol_error() {
-    let sushy = Sushy::start();
-    let proxy = FaultProxy::start(&sushy.url(), "patch500");
-    let mut ep = endpoint(Driver::Redfish, proxy.url(), PASSWORD, fault_policy());
-    ep.system_id = Some(NODE2.into());
-    let b = bmc::connect(&ep).unwrap();
-    let t = Instant::now();
-    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
-    assert!(
-        matches!(e, BmcError::Protocol { status: Some(500), ref message, .. } if message.contains("Internal error while applying")),
-        "{e:?}"
-    );
-    assert!(t.elapsed() < FAULT_BUDGET);
-    // 500 is retried (retries = 1), then reported
-    assert_eq!(proxy.stats()["patches"], 2);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_ignored_patch_is_override_not_applied() {
-    let sushy = Sushy::start();
-    let proxy = FaultProxy::start(&sushy.url(), "ignore-patch");
-    let mut ep = endpoint(Driver::Redfish, proxy.url(), PASSWORD, fault_policy());
-    ep.system_id = Some(NODE2.into());
-    let b = bmc::connect(&ep).unwrap();
-    let t = Instant::now();
-    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
-    match &e {
-        BmcError::OverrideNotApplied {
-            got, attempts: 2, ..
-        } => assert!(got.contains("Hdd"), "{got}"),
-        e => panic!("{e:?}"),
-    }
-    assert!(t.elapsed() < FAULT_BUDGET);
-    assert_eq!(proxy.stats()["patches"], 2);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_reset_that_never_lands_is_power_did_not_change() {
-    let sushy = Sushy::start();
-    let proxy = FaultProxy::start(&sushy.url(), "reset-noop");
-    let mut ep = endpoint(Driver::Redfish, proxy.url(), PASSWORD, fault_policy());
-    ep.system_id = Some(NODE1.into()); // Off: power_cycle must power it on
-    let b = bmc::connect(&ep).unwrap();
-    let t = Instant::now();
-    let e = b.power_cycle().await.unwrap_err();
-    assert!(
-        matches!(e, BmcError::PowerDidNotChange { ref last, .. } if last == "Off"),
-        "{e:?}"
-    );
-    assert!(t.elapsed() < FAULT_BUDGET);
-    assert_eq!(proxy.stats()["resets"], serde_json::json!(["On"]));
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_unknown_system_is_named() {
-    let sushy = Sushy::start();
-    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, fault_policy());
-    ep.match_mac = Some("02:00:00:00:00:99".into());
-    let e = bmc::connect(&ep).unwrap().power_state().await.unwrap_err();
-    match e {
-        BmcError::SystemNotFound { wanted, found, .. } => {
-            assert!(wanted.contains("02:00:00:00:00:99"));
-            assert!(found.contains(NODE1) && found.contains(NODE2));
+impl Peer {
+    /// Starts the peer (`sushy` is the upstream of `Sushy` and `Proxy`).
+    pub(crate) async fn start(self, sushy: Option<&Sushy>) -> Running {
+        let sushy_url = || sushy.expect("this peer needs sushy").url();
+        let (mut proxy, mut sim) = (None, None);
+        let (driver, address) = match self {
+            Peer::Silent(Driver::Redfish) => (
+                Driver::Redfish,
+                format!("http://127.0.0.1:{}", free_tcp_port()),
+            ),
+            Peer::Silent(Driver::Ipmi) => (Driver::Ipmi, format!("127.0.0.1:{}", free_udp_port())),
+            Peer::Sushy => (Driver::Redfish, sushy_url()),
+            Peer::Proxy(faults) => {
+                let p = proxy.insert(FaultProxy::start(&sushy_url(), faults));
+                (Driver::Redfish, p.url())
+            }
+            Peer::IpmiSim(fault) => {
+                let s = sim.insert(IpmiSim::start());
+                s.ready().await;
+                if let Some(f) = fault {
+                    s.fault(f);
+                }
+                (Driver::Ipmi, format!("127.0.0.1:{}", s.port))
+            }
+        };
+        Running {
+            driver,
+            address,
+            proxy,
+            _sim: sim,
         }
-        e => panic!("{e:?}"),
     }
+
+    /// Whether it runs in front of (or is) sushy.
+    pub(crate) fn needs_sushy(self) -> bool {
+        matches!(self, Peer::Sushy | Peer::Proxy(_))
+    }
+}
+
+/// Which Redfish system the endpoint selects.
+#[derive(Clone, Copy)]
+enum Select {
+    Any,
+    Id(&'static str),
+    Mac(&'static str),
+}
+
+/// The driver call a fault case makes.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    PowerState,
+    SetPxe,
+    SetUefiHttp,
+    PowerCycle,
+}
+
+/// One fault: where, what is called, and the typed error it must end in, under
+/// `fault_policy()` and within `FAULT_BUDGET`, with no password in its text or Debug.
+struct Fault {
+    name: &'static str,
+    peer: Peer,
+    password: &'static str,
+    select: Select,
+    call: Call,
+    /// `BmcError::kind()`.
+    kind: &'static str,
+    /// Substrings of the error's text.
+    says: &'static [&'static str],
+    /// Substrings the error's text must not have.
+    never_says: &'static [&'static str],
+    /// What the fault proxy saw: PATCHes and the resets it was sent.
+    proxy_saw: Option<(u64, &'static [&'static str])>,
+}
+
+/// What a case does not say otherwise: sushy, the right password, any system.
+const BASE: Fault = Fault {
+    name: "",
+    peer: Peer::Sushy,
+    password: PASSWORD,
+    select: Select::Any,
+    call: Call::PowerState,
+    kind: "",
+    says: &[],
+    never_says: &[],
+    proxy_saw: None,
+};
+
+const REDFISH_FAULTS: &[Fault] = &[
+    Fault {
+        name: "not listening",
+        peer: Peer::Silent(Driver::Redfish),
+        call: Call::SetPxe,
+        kind: "unreachable",
+        says: &["unreachable during login", "Connection refused"],
+        ..BASE
+    },
+    Fault {
+        name: "wrong password",
+        peer: Peer::Sushy,
+        password: "wrong-password",
+        call: Call::PowerCycle,
+        kind: "auth_refused",
+        says: &["refused the credentials", "HTTP 401"],
+        ..BASE
+    },
+    // A 500 is retried (retries = 1), then reported with the BMC's message.
+    Fault {
+        name: "PATCH answers 500",
+        peer: Peer::Proxy("patch500"),
+        select: Select::Id(NODE2),
+        call: Call::SetPxe,
+        kind: "protocol",
+        says: &["(status 500)", "Internal error while applying"],
+        proxy_saw: Some((2, &[])),
+        ..BASE
+    },
+    // 2xx and ignored: read back, written again, then named with what reads back.
+    Fault {
+        name: "PATCH ignored",
+        peer: Peer::Proxy("ignore-patch"),
+        select: Select::Id(NODE2),
+        call: Call::SetPxe,
+        kind: "override_not_applied",
+        says: &["after 2 attempts", "reads back target=Hdd"],
+        proxy_saw: Some((2, &[])),
+        ..BASE
+    },
+    // NODE1 is Off: power_cycle powers it on, and the dropped reset leaves it Off.
+    Fault {
+        name: "reset acknowledged, never lands",
+        peer: Peer::Proxy("reset-noop"),
+        select: Select::Id(NODE1),
+        call: Call::PowerCycle,
+        kind: "power_did_not_change",
+        says: &["acknowledged On but power stayed Off"],
+        proxy_saw: Some((0, &["On"])),
+        ..BASE
+    },
+    Fault {
+        name: "no system has the MAC",
+        peer: Peer::Sushy,
+        select: Select::Mac("02:00:00:00:00:99"),
+        call: Call::PowerState,
+        kind: "system_not_found",
+        says: &["02:00:00:00:00:99", NODE1, NODE2],
+        ..BASE
+    },
+];
+
+const IPMI_FAULTS: &[Fault] = &[
+    Fault {
+        name: "not listening",
+        peer: Peer::Silent(Driver::Ipmi),
+        call: Call::PowerState,
+        kind: "unreachable",
+        says: &["unreachable during"],
+        ..BASE
+    },
+    Fault {
+        name: "wrong password",
+        peer: Peer::IpmiSim(None),
+        password: "wrong-password",
+        call: Call::PowerCycle,
+        kind: "auth_refused",
+        says: &["refused the credentials"],
+        ..BASE
+    },
+    Fault {
+        name: "chassis control never lands",
+        peer: Peer::IpmiSim(Some("fault-power-stuck")),
+        call: Call::PowerCycle,
+        kind: "power_did_not_change",
+        says: &["power stayed Off"],
+        ..BASE
+    },
+    Fault {
+        name: "boot flags ignored",
+        peer: Peer::IpmiSim(Some("fault-boot-ignored")),
+        call: Call::SetPxe,
+        kind: "override_not_applied",
+        says: &[
+            "after 2 attempts",
+            "wanted target=Pxe",
+            "reads back target=",
+        ],
+        never_says: &["reads back target=Pxe"],
+        ..BASE
+    },
+    // Refused before any I/O: IPMI has no HTTP boot device.
+    Fault {
+        name: "UEFI HTTP boot",
+        peer: Peer::Silent(Driver::Ipmi),
+        call: Call::SetUefiHttp,
+        kind: "not_supported",
+        says: &["UEFI HTTP boot"],
+        ..BASE
+    },
+];
+
+/// Runs every case against its own peer (one sushy shared: no case changes its state).
+async fn run_faults(cases: &[Fault]) {
+    let sushy = cases
+        .iter()
+        .any(|c| c.peer.needs_sushy())
+        .then(Sushy::start);
+    for c in cases {
+        let name = c.name;
+        let peer = c.peer.start(sushy.as_ref()).await;
+        let driver = peer.driver;
+        let mut ep = endpoint(driver, peer.address.clone(), c.password, fault_policy());
+        match c.select {
+            Select::Any => {}
+            Select::Id(id) => ep.system_id = Some(id.into()),
+            Select::Mac(mac) => ep.match_mac = Some(mac.into()),
+        }
+        let b = bmc::connect(&ep).unwrap();
+        let t = Instant::now();
+        let r = match c.call {
+            Call::PowerState => b.power_state().await.map(|_| ()),
+            Call::SetPxe => b.set_next_boot(NextBoot::pxe_once()).await.map(|_| ()),
+            Call::SetUefiHttp => b
+                .set_next_boot(NextBoot {
+                    target: BootTarget::UefiHttp {
+                        url: "http://x/".into(),
+                    },
+                    mode: BootMode::Uefi,
+                    once: true,
+                })
+                .await
+                .map(|_| ()),
+            Call::PowerCycle => b.power_cycle().await,
+        };
+        let took = t.elapsed();
+        let e = r.expect_err(name);
+        let text = e.to_string();
+        println!(
+            "{driver} {name}: {:?} -> [{}] {text} ({took:?})",
+            c.call,
+            e.kind()
+        );
+        assert_eq!(e.kind(), c.kind, "{name}: {e:?}");
+        assert_eq!(e.driver(), driver, "{name}: {e:?}");
+        for s in c.says {
+            assert!(text.contains(s), "{name}: {text:?} lacks {s:?}");
+        }
+        for s in c.never_says {
+            assert!(!text.contains(s), "{name}: {text:?} has {s:?}");
+        }
+        assert!(took < FAULT_BUDGET, "{name}: took {took:?}");
+        for secret in [PASSWORD, c.password] {
+            assert!(!format!("{e} {e:?}").contains(secret), "{name}: {e:?}");
+        }
+        if let Some((patches, resets)) = c.proxy_saw {
+            let s = peer.proxy.as_ref().unwrap().stats();
+            assert_eq!(s["patches"], patches, "{name}: {s}");
+            assert_eq!(s["resets"], serde_json::json!(resets), "{name}: {s}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_faults_end_typed() {
+    run_faults(REDFISH_FAULTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_faults_end_typed() {
+    run_faults(IPMI_FAULTS).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -749,84 +937,12 @@ async fn ipmi_check_report() {
     assert!(r.to_string().contains("REFUSED"));
 }
 
+/// `pxed bmc check <node>` from anywhere, knowing only the server's URL and token: the
+/// running server checks the BMC it has registered (against both emulators) and
+/// answers with what the BMC advertises, never the password; a refusal exits non-zero.
 #[tokio::test(flavor = "multi_thread")]
-async fn ipmi_wrong_password_is_auth_refused() {
-    let sim = IpmiSim::start();
-    sim.ready().await;
-    let b = bmc::connect(&sim.endpoint("wrong-password", fault_policy())).unwrap();
-    let t = Instant::now();
-    let e = b.power_cycle().await.unwrap_err();
-    assert!(matches!(e, BmcError::AuthRefused { .. }), "{e:?}");
-    assert!(t.elapsed() < FAULT_BUDGET);
-    assert!(!format!("{e:?}").contains("wrong-password"));
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ipmi_not_listening_is_unreachable() {
-    let ep = endpoint(
-        Driver::Ipmi,
-        format!("127.0.0.1:{}", free_udp_port()),
-        PASSWORD,
-        fault_policy(),
-    );
-    let t = Instant::now();
-    let e = bmc::connect(&ep).unwrap().power_state().await.unwrap_err();
-    assert!(matches!(e, BmcError::Unreachable { .. }), "{e:?}");
-    assert!(t.elapsed() < FAULT_BUDGET);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ipmi_power_that_never_lands_is_power_did_not_change() {
-    let sim = IpmiSim::start();
-    sim.ready().await;
-    sim.fault("fault-power-stuck");
-    let b = bmc::connect(&sim.endpoint(PASSWORD, fault_policy())).unwrap();
-    let t = Instant::now();
-    let e = b.power_cycle().await.unwrap_err();
-    assert!(
-        matches!(e, BmcError::PowerDidNotChange { ref last, .. } if last == "Off"),
-        "{e:?}"
-    );
-    assert!(t.elapsed() < FAULT_BUDGET);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ipmi_boot_flags_ignored_is_override_not_applied() {
-    let sim = IpmiSim::start();
-    sim.ready().await;
-    sim.fault("fault-boot-ignored");
-    let b = bmc::connect(&sim.endpoint(PASSWORD, fault_policy())).unwrap();
-    let t = Instant::now();
-    let e = b.set_next_boot(NextBoot::pxe_once()).await.unwrap_err();
-    assert!(
-        matches!(e, BmcError::OverrideNotApplied { ref got, attempts: 2, .. } if got.starts_with("target=") && !got.contains("Pxe")),
-        "{e:?}"
-    );
-    assert!(t.elapsed() < FAULT_BUDGET);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ipmi_rejects_uefi_http() {
-    let ep = endpoint(Driver::Ipmi, "127.0.0.1:9".into(), PASSWORD, fault_policy());
-    let e = bmc::connect(&ep)
-        .unwrap()
-        .set_next_boot(NextBoot {
-            target: BootTarget::UefiHttp {
-                url: "http://x/".into(),
-            },
-            mode: BootMode::Uefi,
-            once: true,
-        })
-        .await
-        .unwrap_err();
-    assert!(matches!(e, BmcError::NotSupported { .. }), "{e:?}");
-}
-
-/// `pxed bmc check <node>` on the pxed host, for a node registered through the API,
-/// against both emulators: what the BMC advertises, and a refusal exits non-zero.
-#[tokio::test(flavor = "multi_thread")]
-async fn cli_bmc_check_against_both_emulators() {
-    use crate::common::{Daemon, pxed_bin, repo, run};
+async fn cli_bmc_check_through_the_api() {
+    use crate::common::{Daemon, pxed_bin, run};
     let sushy = Sushy::start();
     let sim = IpmiSim::start();
     sim.ready().await;
@@ -835,7 +951,6 @@ async fn cli_bmc_check_against_both_emulators() {
         &[],
         &[("PXED_API_TOKEN", "cli-token")],
     );
-    let data = d.data_dir();
     let register = |name: &str, bmc: serde_json::Value, mac: &str| {
         let body = serde_json::json!({"name": name, "macs": [mac], "bmc": bmc}).to_string();
         let (ok, out, err) = run(Command::new("curl").args([
@@ -872,31 +987,68 @@ async fn cli_bmc_check_against_both_emulators() {
                            "password": "wrong-password", "system_id": NODE2}),
         "52:54:00:00:10:03",
     );
-    let check = |node: &str| {
-        run(Command::new(pxed_bin())
-            .current_dir(repo())
-            .args(["bmc", "check", node, "--demo", "--data-dir"])
-            .arg(&data))
+    // Somewhere with no config and no data dir: only --url and the token file lead
+    // to the node.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let token = elsewhere.path().join("token");
+    std::fs::write(&token, "cli-token\n").unwrap();
+    let check = |args: &[&str]| {
+        let (ok, out, err) = run(Command::new(pxed_bin())
+            .current_dir(elsewhere.path())
+            .args(["bmc", "check"])
+            .args(args)
+            .arg("--url")
+            .arg(d.url(""))
+            .arg("--token-file")
+            .arg(&token)
+            .env_remove("PXED_URL")
+            .env_remove("PXED_API_TOKEN"));
+        let all = format!("{out}{err}");
+        assert!(
+            !all.contains(PASSWORD) && !all.contains("wrong-password"),
+            "{all}"
+        );
+        (ok, out, err)
     };
-    let (ok, out, err) = check("rf1");
+
+    let (ok, out, err) = check(&["rf1"]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("credentials:  OK"), "{out}");
+    assert!(out.contains("BMC redfish at http://127.0.0.1:"), "{out}");
+    assert!(out.contains("as admin"), "{out}");
+    assert!(out.contains("credentials:  OK (basic"), "{out}");
+    assert!(
+        out.contains(&format!("system:       /redfish/v1/Systems/{NODE2}")),
+        "{out}"
+    );
+    assert!(out.contains("power:        On"), "{out}");
     assert!(
         out.contains("boot targets: Pxe, Cd, Hdd, UefiHttp"),
         "{out}"
     );
-    assert!(out.contains("ForceRestart"), "{out}");
-    assert!(!format!("{out}{err}").contains(PASSWORD));
+    assert!(out.contains("power cycle:  ForceRestart"), "{out}");
 
-    let (ok, out, err) = check("ipmi1");
+    // --json is the API's own type.
+    let (ok, out, err) = check(&["52-54-00-00-10-01", "--json"]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("credentials:  OK"), "{out}");
-    assert!(out.contains("PowerCycle"), "{out}");
-    assert!(out.contains("identity:     IPMI 2.0"), "{out}");
+    let v: pxed::wire::BmcCheck = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.bmc.username, "admin");
+    assert_eq!(v.report.driver, Driver::Redfish);
+    assert_eq!(v.report.power, Some(PowerState::On));
+    assert_eq!(v.report.boot_targets, ["Pxe", "Cd", "Hdd", "UefiHttp"]);
+    assert!(v.report.reset_types.iter().any(|r| r == "ForceRestart"));
 
-    let (ok, out, err) = check("rf-bad");
+    let (ok, out, err) = check(&["ipmi1"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("credentials:  OK (RMCP+ cipher suite 3"),
+        "{out}"
+    );
+    assert!(out.contains("identity:     IPMI 2.0"), "{out}");
+    assert!(out.contains("power:        Off"), "{out}");
+    assert!(out.contains("PowerCycle"), "{out}");
+
+    let (ok, out, err) = check(&["rf-bad"]);
     assert!(!ok, "{out}{err}");
     assert!(out.contains("REFUSED"), "{out}");
     assert!(err.contains("refused the credentials"), "{err}");
-    assert!(!format!("{out}{err}").contains("wrong-password"));
 }

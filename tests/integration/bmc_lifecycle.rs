@@ -10,14 +10,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::bmc::{FaultProxy, IpmiSim, NODE1, NODE2, PASSWORD, Sushy};
+use crate::bmc::{IpmiSim, NODE1, NODE2, PASSWORD, Peer, Sushy};
 use crate::common::{Daemon, poll, pxed_bin, repo, run, write_file};
+use pxed::bmc::Driver;
 
 const TOKEN: &str = "bmc-lifecycle-token";
 /// The `reclaiming` deadline every test runs with; each fault must end before it.
 const RECLAIM_DEADLINE: Duration = Duration::from_secs(20);
 /// Lifecycle retries: every fault is tried `MAX_ATTEMPTS + 1` times.
 const MAX_ATTEMPTS: usize = 1;
+/// `[bmc] power_deadline` and `poll_interval` of the fault lab: with the default 180 s
+/// the reclaim deadline would fire first and the node would fail as `reclaiming`.
+const POWER_DEADLINE: Duration = Duration::from_secs(3);
+const POLL: Duration = Duration::from_millis(200);
 
 /// A local mirror with the files the rocky-9 catalog entry expects.
 fn mirror(dir: &Path) -> String {
@@ -114,6 +119,12 @@ impl Lab {
         t
     }
 
+    async fn metrics(&self) -> String {
+        let resp = self.http.get(self.d.url("/metrics")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap()
+    }
+
     async fn node_text(&self, id: i64) -> String {
         let (s, body) = self
             .call(reqwest::Method::GET, &format!("/api/v1/nodes/{id}"), None)
@@ -136,14 +147,16 @@ impl Lab {
         }
     }
 
-    /// No secret in the daemon's log, the node's detail or the node list.
+    /// No secret in the daemon's log, the node's detail, the node list or `/metrics`.
     async fn assert_no_secret(&self, id: i64, secrets: &[&str]) {
         let (s, list) = self.call(reqwest::Method::GET, "/api/v1/nodes", None).await;
         assert_eq!(s, 200);
         let detail = self.node_text(id).await;
         let log = self.d.log_text();
+        let metrics = self.metrics().await;
         assert!(!log.is_empty());
         for secret in secrets {
+            assert!(!metrics.contains(secret), "BMC password in /metrics");
             assert!(
                 !log.contains(secret),
                 "BMC password in the daemon log:\n{log}"
@@ -162,164 +175,119 @@ fn redfish(address: &str, password: &str, system: &str) -> Value {
            "password": password, "system_id": system})
 }
 
-/// Asserts the node failed at `step` before the reclaim deadline with a reason
-/// containing every one of `reason`, and that each attempt left a `bmc_step_failed`
-/// row naming the step and the same message.
-fn assert_failed(n: &Value, elapsed: Duration, step: &str, reason: &[&str]) {
-    assert_eq!(n["state"], "failed", "{n:#}");
-    assert_eq!(n["failed_step"], step, "{n:#}");
+/// A fault of the node's Redfish BMC, and how the reclaim must end on it.
+struct Fault {
+    name: &'static str,
+    peer: Peer,
+    password: &'static str,
+    system: &'static str,
+    /// The step named in `failed_step`.
+    step: &'static str,
+    /// The `BmcError` kind in the reason and in `pxed_bmc_failures_total`.
+    kind: &'static str,
+    /// Substrings of `failed_reason` and of every `bmc_step_failed` row.
+    says: &'static [&'static str],
+    /// What the fault proxy saw over all attempts: PATCHes, and the resets sent.
+    proxy_saw: Option<(usize, &'static [&'static str])>,
+}
+
+const FAULTS: &[Fault] = &[
+    Fault {
+        name: "nothing listens",
+        peer: Peer::Silent(Driver::Redfish),
+        password: PASSWORD,
+        system: NODE2,
+        step: "set_netboot",
+        kind: "unreachable",
+        says: &["unreachable during login", "Connection refused"],
+        proxy_saw: None,
+    },
+    Fault {
+        name: "wrong password",
+        peer: Peer::Sushy,
+        password: "wr0ng-Pa55word-7f3a",
+        system: NODE2,
+        step: "set_netboot",
+        kind: "auth_refused",
+        says: &["refused the credentials"],
+        proxy_saw: None,
+    },
+    // A 500 is retried once by the driver ([bmc] retries = 1) on each lifecycle attempt.
+    Fault {
+        name: "PATCH answers 500",
+        peer: Peer::Proxy("patch500"),
+        password: PASSWORD,
+        system: NODE2,
+        step: "set_netboot",
+        kind: "protocol",
+        says: &["status 500", "Internal error while applying boot settings"],
+        proxy_saw: Some((2 * (MAX_ATTEMPTS + 1), &[])),
+    },
+    // Written three times (CallPolicy's default override_attempts) per lifecycle
+    // attempt, and never power-cycled into the disk.
+    Fault {
+        name: "PATCH ignored",
+        peer: Peer::Proxy("ignore-patch"),
+        password: PASSWORD,
+        system: NODE2,
+        step: "set_netboot",
+        kind: "override_not_applied",
+        says: &["did not apply the boot override", "reads back target=Hdd"],
+        proxy_saw: Some((3 * (MAX_ATTEMPTS + 1), &[])),
+    },
+    // NODE1 is Off: power_cycle must power it on, and the dropped reset leaves it Off.
+    // The boot override was set once; the power step alone is retried.
+    Fault {
+        name: "reset never lands",
+        peer: Peer::Proxy("reset-noop"),
+        password: PASSWORD,
+        system: NODE1,
+        step: "power_cycle",
+        kind: "power_did_not_change",
+        says: &["acknowledged On", "power stayed Off for "],
+        proxy_saw: Some((1, &["On", "On"])),
+    },
+];
+
+/// Asserts the node failed at the case's step before the reclaim deadline with a
+/// reason that names driver, step and kind and has every one of `says`, and that each
+/// attempt left a `bmc_step_failed` row saying the same.
+fn assert_failed(c: &Fault, n: &Value, elapsed: Duration) {
+    let name = c.name;
+    assert_eq!(n["state"], "failed", "{name}: {n:#}");
+    assert_eq!(n["failed_step"], c.step, "{name}: {n:#}");
     assert!(
         elapsed < RECLAIM_DEADLINE,
-        "took {elapsed:?}, deadline {RECLAIM_DEADLINE:?}"
+        "{name}: took {elapsed:?}, deadline {RECLAIM_DEADLINE:?}"
     );
+    let head = format!("redfish {} [{}]: ", c.step, c.kind);
     let why = n["failed_reason"].as_str().unwrap();
-    for r in reason {
-        assert!(why.contains(r), "failed_reason {why:?} lacks {r:?}");
-    }
     let events = n["events"].as_array().unwrap();
     let failures: Vec<&str> = events
         .iter()
         .filter(|e| e["event"] == "bmc_step_failed")
         .map(|e| e["detail"].as_str().unwrap_or(""))
         .collect();
-    assert_eq!(failures.len(), MAX_ATTEMPTS + 1, "{events:#?}");
+    assert_eq!(failures.len(), MAX_ATTEMPTS + 1, "{name}: {events:#?}");
     for (i, detail) in failures.iter().enumerate() {
-        assert!(
-            detail.starts_with(&format!("{step} (attempt {i}): ")),
-            "{detail}"
-        );
-        for r in reason {
-            assert!(detail.contains(r), "event detail {detail:?} lacks {r:?}");
+        let attempt = format!("{} (attempt {i}): {head}", c.step);
+        assert!(detail.starts_with(&attempt), "{name}: {detail}");
+    }
+    for text in failures.iter().chain([&why]) {
+        assert!(text.contains(&head), "{name}: {text:?} lacks {head:?}");
+        for s in c.says {
+            assert!(text.contains(s), "{name}: {text:?} lacks {s:?}");
         }
     }
     let last = events.last().unwrap();
-    assert_eq!(last["event"], "bmc_step_failed", "{events:#?}");
-    assert_eq!(last["to_state"], "failed");
-    println!("failed after {elapsed:?}: {step}: {why}");
+    assert_eq!(last["event"], "bmc_step_failed", "{name}: {events:#?}");
+    assert_eq!(last["to_state"], "failed", "{name}");
+    println!("{name}: failed after {elapsed:?}: {why}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_not_listening_fails_set_netboot_unreachable() {
-    let lab = Lab::start(&[]);
-    let addr = format!("http://127.0.0.1:{}", crate::bmc::free_tcp_port());
-    let id = lab
-        .register("52:54:00:20:00:01", redfish(&addr, PASSWORD, NODE2))
-        .await;
-    let t = lab.reinstall(id).await;
-    let (n, elapsed) = lab.settled(id, t, RECLAIM_DEADLINE * 2).await;
-    assert_failed(
-        &n,
-        elapsed,
-        "set_netboot",
-        &["redfish set_netboot", "unreachable", &addr],
-    );
-    lab.assert_no_secret(id, &[PASSWORD]).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_wrong_password_fails_set_netboot_auth_refused() {
-    const WRONG: &str = "wr0ng-Pa55word-7f3a";
-    let sushy = Sushy::start();
-    let lab = Lab::start(&[]);
-    let id = lab
-        .register("52:54:00:20:00:02", redfish(&sushy.url(), WRONG, NODE2))
-        .await;
-    let t = lab.reinstall(id).await;
-    let (n, elapsed) = lab.settled(id, t, RECLAIM_DEADLINE * 2).await;
-    assert_failed(
-        &n,
-        elapsed,
-        "set_netboot",
-        &["redfish set_netboot", "refused the credentials"],
-    );
-    lab.assert_no_secret(id, &[WRONG, PASSWORD]).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_patch_500_fails_set_netboot_with_status() {
-    let sushy = Sushy::start();
-    let proxy = FaultProxy::start(&sushy.url(), "patch500");
-    let lab = Lab::start(&[]);
-    let id = lab
-        .register("52:54:00:20:00:03", redfish(&proxy.url(), PASSWORD, NODE2))
-        .await;
-    let t = lab.reinstall(id).await;
-    let (n, elapsed) = lab.settled(id, t, RECLAIM_DEADLINE * 2).await;
-    assert_failed(
-        &n,
-        elapsed,
-        "set_netboot",
-        &[
-            "redfish set_netboot",
-            "status 500",
-            "Internal error while applying boot settings",
-        ],
-    );
-    // A 500 is retried once by the driver ([bmc] retries = 1) on each lifecycle attempt.
-    assert_eq!(proxy.stats()["patches"], 2 * (MAX_ATTEMPTS + 1));
-    lab.assert_no_secret(id, &[PASSWORD]).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_ignored_patch_fails_set_netboot_override_not_applied() {
-    let sushy = Sushy::start();
-    let proxy = FaultProxy::start(&sushy.url(), "ignore-patch");
-    let lab = Lab::start(&[]);
-    let id = lab
-        .register("52:54:00:20:00:04", redfish(&proxy.url(), PASSWORD, NODE2))
-        .await;
-    let t = lab.reinstall(id).await;
-    let (n, elapsed) = lab.settled(id, t, RECLAIM_DEADLINE * 2).await;
-    assert_failed(
-        &n,
-        elapsed,
-        "set_netboot",
-        &[
-            "redfish set_netboot",
-            "did not apply the boot override",
-            "reads back target=Hdd",
-        ],
-    );
-    let per_call = pxed::bmc::CallPolicy::default().override_attempts as usize;
-    assert_eq!(proxy.stats()["patches"], per_call * (MAX_ATTEMPTS + 1));
-    // Never power-cycled into the disk.
-    assert_eq!(proxy.stats()["resets"], json!([]));
-    lab.assert_no_secret(id, &[PASSWORD]).await;
-}
-
-/// With the default 180 s power deadline the reclaim deadline would fire first and the
-/// node would fail as `reclaiming`; `[bmc] power_deadline` from the environment makes
-/// the driver give up in time and name the power step.
-#[tokio::test(flavor = "multi_thread")]
-async fn redfish_reset_that_never_lands_fails_power_cycle() {
-    const POWER_DEADLINE: Duration = Duration::from_secs(3);
-    const POLL: Duration = Duration::from_millis(200);
-    let sushy = Sushy::start();
-    let proxy = FaultProxy::start(&sushy.url(), "reset-noop");
-    let lab = Lab::start(&[
-        ("PXED_BMC__POWER_DEADLINE", "3s"),
-        ("PXED_BMC__RESTART_OBSERVE", "1s"),
-        ("PXED_BMC__POLL_INTERVAL", "200ms"),
-    ]);
-    // NODE1 is Off: power_cycle must power it on, and the dropped reset leaves it Off.
-    let id = lab
-        .register("52:54:00:20:00:05", redfish(&proxy.url(), PASSWORD, NODE1))
-        .await;
-    let t = lab.reinstall(id).await;
-    let (n, elapsed) = lab.settled(id, t, RECLAIM_DEADLINE * 2).await;
-    assert_failed(
-        &n,
-        elapsed,
-        "power_cycle",
-        &[
-            "redfish power_cycle",
-            "acknowledged On",
-            "power stayed Off for ",
-        ],
-    );
-    // The driver polled for the configured deadline: its last poll starts at most one
-    // interval short of it (and its answer may land a little after).
-    let why = n["failed_reason"].as_str().unwrap();
+/// The driver polled for the configured deadline: its last poll starts at most one
+/// interval short of it (and its answer may land a little after); every attempt did.
+fn assert_waited_power_deadline(why: &str, elapsed: Duration) {
     let waited: f64 = why
         .rsplit("for ")
         .next()
@@ -335,11 +303,66 @@ async fn redfish_reset_that_never_lands_fails_power_cycle() {
         elapsed >= (POWER_DEADLINE - POLL) * (MAX_ATTEMPTS as u32 + 1),
         "{elapsed:?}"
     );
-    // The boot override was set once; the power step alone was retried.
-    let s = proxy.stats();
-    assert_eq!(s["resets"], json!(["On", "On"]), "{s}");
-    assert_eq!(s["patches"], 1, "{s}");
-    lab.assert_no_secret(id, &[PASSWORD]).await;
+}
+
+/// Every fault on its own node of one daemon, reclaimed at once: each node fails
+/// naming step and kind, and `/metrics` counts every attempt by driver, step and kind.
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_faults_fail_the_reclaim_named_and_counted() {
+    let sushy = Sushy::start();
+    let (deadline, poll) = (
+        format!("{}s", POWER_DEADLINE.as_secs()),
+        format!("{}ms", POLL.as_millis()),
+    );
+    let lab = Lab::start(&[
+        ("PXED_BMC__POWER_DEADLINE", &deadline),
+        ("PXED_BMC__RESTART_OBSERVE", "1s"),
+        ("PXED_BMC__POLL_INTERVAL", &poll),
+    ]);
+    let mut nodes = vec![];
+    for (i, c) in FAULTS.iter().enumerate() {
+        let peer = c.peer.start(Some(&sushy)).await;
+        let mac = format!("52:54:00:20:00:{:02x}", i + 1);
+        let id = lab
+            .register(&mac, redfish(&peer.address, c.password, c.system))
+            .await;
+        nodes.push((c, peer, id));
+    }
+    let lab = &lab;
+    // Each reclaim is timed from its own request, polled on its own.
+    let settled = futures::future::join_all(nodes.iter().map(|&(_, _, id)| async move {
+        let t = lab.reinstall(id).await;
+        lab.settled(id, t, RECLAIM_DEADLINE * 2).await
+    }))
+    .await;
+    let metrics = lab.metrics().await;
+    for ((c, peer, id), (n, elapsed)) in nodes.iter().zip(settled) {
+        assert_failed(c, &n, elapsed);
+        let why = n["failed_reason"].as_str().unwrap();
+        if c.kind == "unreachable" {
+            assert!(why.contains(&peer.address), "{}: {why}", c.name);
+        }
+        if c.kind == "power_did_not_change" {
+            assert_waited_power_deadline(why, elapsed);
+        }
+        if let Some((patches, resets)) = c.proxy_saw {
+            let s = peer.proxy.as_ref().unwrap().stats();
+            assert_eq!(s["patches"], patches, "{}: {s}", c.name);
+            assert_eq!(s["resets"], json!(resets), "{}: {s}", c.name);
+        }
+        let sample = format!(
+            "pxed_bmc_failures_total{{driver=\"redfish\",step=\"{}\",kind=\"{}\"}} {}",
+            c.step,
+            c.kind,
+            MAX_ATTEMPTS + 1
+        );
+        assert!(
+            metrics.lines().any(|l| l == sample),
+            "{}: no {sample:?} in\n{metrics}",
+            c.name
+        );
+        lab.assert_no_secret(*id, &[PASSWORD, c.password]).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -415,5 +438,14 @@ async fn ipmi_reinstall_reaches_netbooting() {
         "{log}"
     );
     println!("ipmi power-cycle reinstall reached netbooting after {elapsed:?}\n{log}");
+    let metrics = lab.metrics().await;
+    assert!(
+        metrics.contains("# TYPE pxed_bmc_failures_total counter"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("pxed_bmc_failures_total{"),
+        "a BMC step that worked was counted as failed:\n{metrics}"
+    );
     lab.assert_no_secret(id, &[PASSWORD]).await;
 }

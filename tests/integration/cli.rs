@@ -176,3 +176,63 @@ fn client_variables_never_stop_the_server() {
     assert!(!ok);
     assert!(err.contains("PXED_DHCP__MODE"), "{err}");
 }
+
+/// `pxed bmc check <node>` failures are the server's JSON reasons: an unknown node, a
+/// node without a BMC, a BMC nothing answers at (with its typed kind), a wrong token.
+#[test]
+fn bmc_check_errors_are_the_servers_reasons() {
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", "tok"), ("PXED_BMC__RETRIES", "0")],
+    );
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let bmc = format!("http://{silent}");
+    for args in [
+        vec![
+            "node",
+            "add",
+            "--mac",
+            "52:54:00:00:30:01",
+            "--name",
+            "bare",
+        ],
+        vec![
+            "node",
+            "add",
+            "--mac",
+            "52:54:00:00:30:02",
+            "--name",
+            "gone",
+            "--bmc-driver",
+            "redfish",
+            "--bmc-address",
+            &bmc,
+            "--bmc-user",
+            "root",
+        ],
+    ] {
+        let (ok, out, err) = pxed(&d, &args, "tok");
+        assert!(ok, "{out}{err}");
+    }
+    let (ok, _, err) = pxed(&d, &["bmc", "check", "nope"], "tok");
+    assert!(
+        !ok && err.contains("404: not_found: node nope not found"),
+        "{err}"
+    );
+    let (ok, _, err) = pxed(&d, &["bmc", "check", "bare"], "tok");
+    assert!(!ok && err.contains("422: no_bmc: node "), "{err}");
+    assert!(err.contains("has no BMC"), "{err}");
+    let (ok, _, err) = pxed(&d, &["bmc", "check", "gone"], "tok");
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains(&format!("502: unreachable: redfish BMC {bmc} unreachable")),
+        "{err}"
+    );
+    let (ok, _, err) = pxed(&d, &["bmc", "check", "gone"], "wrong");
+    assert!(!ok && err.contains("401"), "{err}");
+    assert!(!format!("{err}{}", d.log_text()).contains("bmc-secret-pw"));
+}
