@@ -84,8 +84,66 @@ fn api_token(cfg: &Config) -> anyhow::Result<String> {
 /// How long in-flight work may take to drain after cancellation.
 pub const DRAIN: Duration = Duration::from_millis(1500);
 
-/// Runs pxed until `cancel` fires.
-pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+/// The top-level keys whose values differ between two configurations (one level
+/// deeper for sections: `lifecycle.max_attempts`). Only names, never values: some
+/// are secrets.
+pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+        (serde_json::to_value(old), serde_json::to_value(new))
+    else {
+        return vec!["(unreadable)".into()];
+    };
+    let mut out = Vec::new();
+    for (k, va) in &a {
+        let vb = b.get(k).unwrap_or(&serde_json::Value::Null);
+        match (va, vb) {
+            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+                for (sk, sva) in x {
+                    if y.get(sk) != Some(sva) {
+                        out.push(format!("{k}.{sk}"));
+                    }
+                }
+                out.extend(
+                    y.keys()
+                        .filter(|sk| !x.contains_key(*sk))
+                        .map(|sk| format!("{k}.{sk}")),
+                );
+            }
+            _ if va != vb => out.push(k.clone()),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Applies a re-read configuration: what can change live does (the lifecycle
+/// policy: deadlines, retries, backoff); the rest is named as needing a restart.
+fn reload(state: &AppState, running: &Config, new: &Config) {
+    let changed = changed_keys(running, new);
+    let (live, restart): (Vec<String>, Vec<String>) = changed
+        .into_iter()
+        .partition(|k| k.starts_with("lifecycle."));
+    if !live.is_empty() {
+        state
+            .lifecycle
+            .set_policy(crate::lifecycle::transition::Policy::from_config(
+                &new.lifecycle,
+            ));
+    }
+    tracing::info!(
+        reloaded = %if live.is_empty() { "nothing".into() } else { live.join(", ") },
+        needs_restart = %if restart.is_empty() { "nothing".into() } else { restart.join(", ") },
+        "SIGHUP: configuration re-read"
+    );
+}
+
+/// Runs pxed until `cancel` fires, applying each configuration that arrives on
+/// `reloads` (SIGHUP).
+pub async fn run(
+    cfg: Config,
+    cancel: CancellationToken,
+    mut reloads: tokio::sync::mpsc::Receiver<Config>,
+) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     preflight(&cfg)?;
     let nofile = crate::net::raise_fd_limit();
@@ -145,21 +203,29 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(nodes = resumed, "resumed in-progress nodes from the store");
     }
 
-    let result = tokio::select! {
-        // Servers return Ok as soon as they see the cancel; without `biased` a
-        // clean SIGTERM could be reported as "a server stopped unexpectedly".
-        biased;
-        // CANCEL-SAFETY: only waits; nothing is lost when the other branch wins.
-        _ = cancel.cancelled() => Ok(()),
-        // CANCEL-SAFETY: join_next is cancel-safe.
-        Some(r) = tasks.join_next() => {
-            let shutting_down = cancel.is_cancelled();
-            cancel.cancel();
-            match r {
-                Ok(Ok(())) if shutting_down => Ok(()),
-                Ok(Ok(())) => Err(anyhow::anyhow!("a server stopped unexpectedly")),
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(anyhow::anyhow!("a server panicked: {e}")),
+    let mut running = (*cfg).clone();
+    let result = loop {
+        tokio::select! {
+            // Servers return Ok as soon as they see the cancel; without `biased` a
+            // clean SIGTERM could be reported as "a server stopped unexpectedly".
+            biased;
+            // CANCEL-SAFETY: only waits; nothing is lost when the other branch wins.
+            _ = cancel.cancelled() => break Ok(()),
+            // CANCEL-SAFETY: join_next is cancel-safe.
+            Some(r) = tasks.join_next() => {
+                let shutting_down = cancel.is_cancelled();
+                cancel.cancel();
+                break match r {
+                    Ok(Ok(())) if shutting_down => Ok(()),
+                    Ok(Ok(())) => Err(anyhow::anyhow!("a server stopped unexpectedly")),
+                    Ok(Err(e)) => Err(e),
+                    Err(e) => Err(anyhow::anyhow!("a server panicked: {e}")),
+                };
+            }
+            // CANCEL-SAFETY: recv is cancel-safe.
+            Some(new) = reloads.recv() => {
+                reload(&state, &running, &new);
+                running = new;
             }
         }
     };

@@ -97,7 +97,7 @@ pub fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(serve(cfg)) {
+            match rt.block_on(serve(cfg, a)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");
@@ -108,24 +108,35 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn serve(cfg: config::Config) -> anyhow::Result<()> {
+/// Runs the daemon: SIGTERM and SIGINT drain and stop it; SIGHUP re-reads the
+/// configuration (an invalid one is reported and the running one kept).
+async fn serve(cfg: config::Config, flags: config::Flags) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let c = cancel.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int, mut hup) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::hangup())?,
+    );
     tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            // CANCEL-SAFETY: signal recv is cancel-safe.
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            // CANCEL-SAFETY: signal recv is cancel-safe.
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        loop {
+            tokio::select! {
+                // CANCEL-SAFETY: signal recv is cancel-safe.
+                _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+                // CANCEL-SAFETY: signal recv is cancel-safe.
+                _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+                // CANCEL-SAFETY: signal recv is cancel-safe.
+                _ = hup.recv() => match flags.load() {
+                    Ok(new) => {
+                        let _ = tx.send(new).await;
+                    }
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: the configuration is invalid; keeping the running one"),
+                },
+            }
         }
         c.cancel();
     });
-    crate::app::run(cfg, cancel).await
+    crate::app::run(cfg, cancel, rx).await
 }

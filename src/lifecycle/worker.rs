@@ -181,7 +181,8 @@ impl BmcConnector for StoreBmcs {
 /// The lifecycle service: one per daemon.
 pub struct Lifecycle {
     pub store: Store,
-    pub policy: Policy,
+    /// Deadlines, retries and backoff; replaced on SIGHUP (see [`Lifecycle::set_policy`]).
+    policy: std::sync::RwLock<Policy>,
     bmcs: Arc<dyn BmcConnector>,
     deadlines: Mutex<HashMap<i64, AbortHandle>>,
     tasks: TaskTracker,
@@ -203,7 +204,7 @@ pub struct NodeChange {
 impl std::fmt::Debug for Lifecycle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lifecycle")
-            .field("policy", &self.policy)
+            .field("policy", &self.policy())
             .finish_non_exhaustive()
     }
 }
@@ -218,7 +219,7 @@ impl Lifecycle {
     ) -> Arc<Self> {
         Arc::new(Lifecycle {
             store,
-            policy,
+            policy: std::sync::RwLock::new(policy),
             bmcs,
             deadlines: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
@@ -251,7 +252,7 @@ impl Lifecycle {
         hooks: Hooks<'_>,
     ) -> Result<Applied, ApplyError> {
         let (applied, effects) =
-            apply::apply(&self.store, &self.policy, id, event, actor, hooks).await?;
+            apply::apply(&self.store, &self.policy(), id, event, actor, hooks).await?;
         if matches!(applied.outcome, super::transition::Outcome::Changed(_)) {
             self.notify(id, event.name(), applied.node.state);
         }
@@ -278,6 +279,17 @@ impl Lifecycle {
     /// A live stream of changes.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<NodeChange> {
         self.changes.subscribe()
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.policy.read().expect("lock").clone()
+    }
+
+    /// Replaces the policy (configuration reloaded): later transitions use it;
+    /// deadlines already armed keep their time.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().expect("lock") = policy;
     }
 
     /// How many nodes have a deadline armed.
@@ -485,7 +497,7 @@ impl Lifecycle {
             let elapsed = parse_time(&row.state_since)
                 .and_then(|t| (now - t).to_std().ok())
                 .unwrap_or_default();
-            if let Some(after) = self.policy.deadline(state) {
+            if let Some(after) = self.policy().deadline(state) {
                 self.run_effect(
                     row.id,
                     Effect::ArmDeadline {

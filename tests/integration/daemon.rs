@@ -259,3 +259,45 @@ fn an_idle_connection_flood_leaves_health_answering() {
     );
     drop(flood);
 }
+
+/// SIGHUP (the unit's `ExecReload`) re-reads the configuration: the lifecycle policy
+/// changes live, other changes are named as needing a restart, an invalid file is
+/// reported and the running configuration kept, and the daemon never dies of it.
+#[test]
+fn sighup_rereads_the_configuration() {
+    let conf_dir = tempfile::tempdir().unwrap();
+    let conf = conf_dir.path().join("pxed.toml");
+    std::fs::write(&conf, "[lifecycle]\nmax_attempts = 2\n").unwrap();
+    let d = Daemon::start(&["--config", conf.to_str().unwrap()]);
+    let pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
+    let hup_and_wait = |marker: &str| {
+        nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+        poll_blocking(Duration::from_secs(10), || {
+            d.log
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|l| l.contains(marker))
+                .cloned()
+        })
+        .unwrap_or_else(|| panic!("no `{marker}` in\n{}", d.log_text()))
+    };
+    std::fs::write(
+        &conf,
+        "hostname_prefix = \"rack7\"\n[lifecycle]\nmax_attempts = 5\n",
+    )
+    .unwrap();
+    let line = hup_and_wait("SIGHUP: configuration re-read");
+    assert!(line.contains("reloaded=lifecycle.max_attempts"), "{line}");
+    assert!(line.contains("needs_restart=hostname_prefix"), "{line}");
+
+    std::fs::write(&conf, "[lifecycle]\nmax_attempts = \"many\"\n").unwrap();
+    let line = hup_and_wait("SIGHUP: the configuration is invalid");
+    assert!(line.contains("\"many\""), "{line}");
+
+    let (ok, body, _) = curl(&["-s", &d.url("/healthz")]);
+    assert!(ok && body.starts_with("ok\n"), "{body}");
+    let mut d = d;
+    assert!(d.child.try_wait().unwrap().is_none(), "pxed died of SIGHUP");
+}
