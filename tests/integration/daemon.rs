@@ -172,6 +172,18 @@ fn systemd_unit_verifies() {
         ok && err.trim().is_empty(),
         "systemd-analyze verify: {out}{err}"
     );
+    // The sandbox: systemd's own exposure score stays at or under 2.0 (of 10).
+    let (_, out, err) = run(Command::new("systemd-analyze")
+        .args(["security", "--offline=true"])
+        .arg(&p));
+    let score: f64 = out
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for pxed.service: ").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure score in {out}{err}"));
+    assert!(score <= 2.0, "exposure {score}: {out}");
+    assert!(unit.contains("LimitNOFILE=65536"));
 }
 
 /// An open status page (`/events`, a stream that never ends by itself) must not hold
