@@ -132,17 +132,13 @@ async fn get_node(
 ) -> Result<Json<NodeDetail>, ApiError> {
     let n = find(&st, &id).await?;
     let nid = n.id;
-    let boot_mac = st
-        .store
-        .interfaces(nid)
-        .await?
-        .into_iter()
-        .find(|i| i.is_boot)
-        .map(|i| i.mac);
+    // Boot MAC first.
+    let macs = st.store.macs(nid).await?;
+    let boot_mac = macs.first().copied();
     let bmc = st.store.bmc(nid).await?.map(bmc_view);
     let events = st.store.events(nid).await?;
     Ok(Json(NodeDetail {
-        node: view(&st, n).await?,
+        node: view_with(n, macs),
         boot_mac,
         bmc,
         events,

@@ -5,7 +5,7 @@
 use super::transition::{
     Effect, Event, Failure, Node, Outcome, Policy, TransitionError, transition,
 };
-use crate::store::nodes::{self, NodeRow, NodeTx};
+use crate::store::nodes::{self, Audit, NodeRow, NodeTx};
 use crate::store::{Store, StoreError};
 
 /// Errors from applying an event.
@@ -100,15 +100,11 @@ pub async fn apply(
     }
     new.version += 1;
     let detail = event.detail();
-    tx.append_event(
-        id,
-        new.generation,
-        Some(row.state),
-        event.name(),
-        new.state,
-        actor,
-        detail.as_deref(),
-    )
+    tx.append_event(&Audit {
+        from: Some(row.state),
+        detail: detail.as_deref(),
+        ..Audit::new(id, new.generation, event.name(), new.state, actor)
+    })
     .await?;
     if let (Some(key), Some(answer)) = (hooks.idempotency_key, hooks.answer) {
         let text = answer(&new, &outcome);

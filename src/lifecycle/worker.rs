@@ -137,12 +137,7 @@ impl StoreBmcs {
     pub async fn endpoint(&self, store: &Store, id: i64) -> Result<BmcEndpoint, ConnectError> {
         let row = store.bmc(id).await?.ok_or(ConnectError::NoBmc)?;
         let password = store.bmc_secret(id).await?.unwrap_or_default();
-        let boot_mac = store
-            .interfaces(id)
-            .await?
-            .into_iter()
-            .find(|i| i.is_boot)
-            .map(|i| i.mac.to_string());
+        let boot_mac = store.boot_mac(id).await?.map(|m| m.to_string());
         Ok(BmcEndpoint {
             driver: row.driver,
             address: row.address,

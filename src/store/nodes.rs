@@ -106,7 +106,8 @@ impl Store {
         if let Some((b, password)) = &n.bmc {
             set_bmc_tx(&mut tx, id, b, Some(password)).await?;
         }
-        append_event(&mut tx, id, 0, None, "registered", n.state, actor, None).await?;
+        let e = Audit::new(id, 0, "registered", n.state, actor);
+        append_event(&mut tx, &e).await?;
         tx.commit().await?;
         Ok(id)
     }
@@ -201,25 +202,19 @@ impl Store {
             .collect())
     }
 
-    /// Interfaces of a node.
-    pub async fn interfaces(&self, node_id: i64) -> Result<Vec<InterfaceRow>, StoreError> {
-        Ok(sqlx::query_as!(
-            InterfaceRow,
-            r#"SELECT mac AS "mac: _", node_id, is_boot AS "is_boot: _" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
+    /// The MACs of a node, boot MAC first.
+    pub async fn macs(&self, node_id: i64) -> Result<Vec<Mac>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
             node_id
         )
         .fetch_all(&self.pool)
         .await?)
     }
 
-    /// The MACs of a node, boot MAC first.
-    pub async fn macs(&self, node_id: i64) -> Result<Vec<Mac>, StoreError> {
-        Ok(self
-            .interfaces(node_id)
-            .await?
-            .into_iter()
-            .map(|i| i.mac)
-            .collect())
+    /// The boot NIC of a node.
+    pub async fn boot_mac(&self, node_id: i64) -> Result<Option<Mac>, StoreError> {
+        Ok(self.macs(node_id).await?.into_iter().next())
     }
 
     /// The audit log of a node, oldest first.
@@ -276,17 +271,11 @@ impl Store {
         sqlx::query!("DELETE FROM nodes WHERE id = ?", id)
             .execute(&mut *tx)
             .await?;
-        append_event(
-            &mut tx,
-            id,
-            n.generation,
-            Some(n.state),
-            "deleted",
-            n.state,
-            actor,
-            None,
-        )
-        .await?;
+        let e = Audit {
+            from: Some(n.state),
+            ..Audit::new(id, n.generation, "deleted", n.state, actor)
+        };
+        append_event(&mut tx, &e).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -375,28 +364,8 @@ impl NodeTx {
     }
 
     /// Appends one audit row.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn append_event(
-        &mut self,
-        node_id: i64,
-        generation: i64,
-        from: Option<State>,
-        event: &str,
-        to: State,
-        actor: &str,
-        detail: Option<&str>,
-    ) -> Result<(), StoreError> {
-        append_event(
-            &mut self.tx,
-            node_id,
-            generation,
-            from,
-            event,
-            to,
-            actor,
-            detail,
-        )
-        .await
+    pub async fn append_event(&mut self, e: &Audit<'_>) -> Result<(), StoreError> {
+        append_event(&mut self.tx, e).await
     }
 
     /// Records an idempotency key's answer with the change that produced it.
@@ -478,32 +447,54 @@ impl Store {
         detail: &str,
     ) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        append_event(
-            &mut conn,
+        let e = Audit {
+            from: Some(state),
+            detail: Some(detail),
+            ..Audit::new(node_id, generation, event, state, actor)
+        };
+        append_event(&mut conn, &e).await
+    }
+}
+
+/// One row of the audit log, as written.
+#[derive(Debug, Clone, Copy)]
+pub struct Audit<'a> {
+    pub node_id: i64,
+    pub generation: i64,
+    /// The state before (`None` for a registration).
+    pub from: Option<State>,
+    pub event: &'a str,
+    pub to: State,
+    pub actor: &'a str,
+    pub detail: Option<&'a str>,
+}
+
+impl<'a> Audit<'a> {
+    /// An entry with no `from` state and no detail.
+    pub fn new(node_id: i64, generation: i64, event: &'a str, to: State, actor: &'a str) -> Self {
+        Audit {
             node_id,
             generation,
-            Some(state),
+            from: None,
             event,
-            state,
+            to,
             actor,
-            Some(detail),
-        )
-        .await
+            detail: None,
+        }
     }
 }
 
 /// Appends one audit row.
-#[allow(clippy::too_many_arguments)]
-async fn append_event(
-    conn: &mut SqliteConnection,
-    node_id: i64,
-    generation: i64,
-    from: Option<State>,
-    event: &str,
-    to: State,
-    actor: &str,
-    detail: Option<&str>,
-) -> Result<(), StoreError> {
+async fn append_event(conn: &mut SqliteConnection, e: &Audit<'_>) -> Result<(), StoreError> {
+    let Audit {
+        node_id,
+        generation,
+        from,
+        event,
+        to,
+        actor,
+        detail,
+    } = *e;
     let at = now();
     sqlx::query!(
         r#"INSERT INTO node_events (node_id, generation, from_state, event, to_state, at, actor, detail)
@@ -614,17 +605,11 @@ impl Store {
             )
             .execute(&mut *tx)
             .await?;
-            append_event(
-                &mut tx,
-                id,
-                0,
-                None,
-                "registered",
-                state,
-                "discovery",
-                Some(arch.as_str()),
-            )
-            .await?;
+            let e = Audit {
+                detail: Some(arch.as_str()),
+                ..Audit::new(id, 0, "registered", state, "discovery")
+            };
+            append_event(&mut tx, &e).await?;
             created.push((id, *mac));
         }
         tx.commit().await?;
@@ -777,7 +762,7 @@ mod tests {
         assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 0);
         assert_eq!(counter.get("FROM interfaces ORDER BY node_id") - batch, 1);
         // The counter does see per-node queries: one for one node.
-        store.interfaces(listed[0].0.id).await.unwrap();
+        store.macs(listed[0].0.id).await.unwrap();
         assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 1);
         // And filtering by state happens in SQL.
         let some = store.nodes_in_states(&[State::Available]).await.unwrap();
