@@ -337,7 +337,7 @@ fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Erro
 mod secs {
     use std::time::Duration;
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}s", d.as_secs_f64()))
+        s.serialize_str(&super::fmt_duration(*d))
     }
 }
 
@@ -351,31 +351,79 @@ mod secs_map {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(m.len()))?;
         for (k, v) in m {
-            map.serialize_entry(k.as_str(), &format!("{}s", v.as_secs_f64()))?;
+            map.serialize_entry(k.as_str(), &super::fmt_duration(*v))?;
         }
         map.end()
     }
 }
 
-/// Parses `90`, `90s`, `5m`, `2h`, `1d` or `250ms` into a duration.
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+/// Units a duration may carry, largest first, with their length in nanoseconds.
+const UNITS: [(&str, u128); 5] = [
+    ("d", 86_400 * NANOS_PER_SEC),
+    ("h", 3_600 * NANOS_PER_SEC),
+    ("m", 60 * NANOS_PER_SEC),
+    ("s", NANOS_PER_SEC),
+    ("ms", 1_000_000),
+];
+
+/// Parses `90`, `90s`, `5m`, `2h`, `1d`, `250ms` or a decimal such as `1.5h` into a
+/// duration. Exact decimal arithmetic, no floating point: a signed, non-finite or
+/// exponent form is not a duration, and one too large to represent is an error, never a
+/// panic.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let n = duration_nanos(s)?;
+    let secs =
+        u64::try_from(n / NANOS_PER_SEC).map_err(|_| format!("`{}` is too large", s.trim()))?;
+    Ok(Duration::new(secs, (n % NANOS_PER_SEC) as u32))
+}
+
+/// The nanoseconds `s` stands for, saturating at `u128::MAX` (far beyond any range).
+fn duration_nanos(s: &str) -> Result<u128, String> {
     let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(format!(
+            "`{s}` is not a duration (a number with ms, s, m, h or d)"
+        ));
+    }
+    let per = match unit {
+        "" => NANOS_PER_SEC,
+        u => UNITS
+            .iter()
+            .find(|(name, _)| *name == u)
+            .map(|(_, per)| *per)
+            .ok_or_else(|| format!("`{s}`: unknown unit `{u}` (ms, s, m, h, d)"))?,
     };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration"))?;
-    let mult = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (ms, s, m, h, d)")),
+    // Both parts hold ASCII digits only (split above). Past 15 decimals even a day
+    // is below a nanosecond, so the fraction is cut there and cannot overflow.
+    let digits = |d: &str| {
+        d.bytes().fold(0u128, |acc, b| {
+            acc.saturating_mul(10).saturating_add(u128::from(b - b'0'))
+        })
     };
-    Ok(Duration::from_secs_f64(n * mult))
+    let frac = &frac[..frac.len().min(15)];
+    let part = digits(frac) * per / 10u128.pow(frac.len() as u32);
+    Ok(digits(int).saturating_mul(per).saturating_add(part))
+}
+
+/// Formats a duration so that [`parse_duration`] reads it back exactly, in the
+/// largest unit that divides it (`1h`, `90m`, `250ms`, else decimal seconds).
+pub fn fmt_duration(d: Duration) -> String {
+    let n = d.as_nanos();
+    if n == 0 {
+        return "0s".into();
+    }
+    if let Some((unit, per)) = UNITS.iter().find(|(_, per)| n.is_multiple_of(*per)) {
+        return format!("{}{unit}", n / per);
+    }
+    let s = format!("{}.{:09}", d.as_secs(), d.subsec_nanos());
+    format!("{}s", s.trim_end_matches('0'))
 }
 
 /// The server's command-line flags: parsed by clap (`pxed serve`, `pxed check-config`)
@@ -1198,6 +1246,69 @@ mod tests {
             Some("52:54:00:ab:cd:ef")
         );
         assert!(normalize_mac("52:54:00").is_none());
+    }
+
+    /// Issue 10, finding 7: `99999999999999999999d` panicked in `Duration::from_secs_f64`.
+    #[test]
+    fn hostile_durations_are_errors_not_panics() {
+        for s in [
+            "99999999999999999999d",
+            "18446744073709551616s",
+            "213503982334602d",
+            "99999999999999999999999999999999999999999999999999ms",
+            "NaN",
+            "inf",
+            "-inf",
+            "-1s",
+            "+5s",
+            "1e400",
+            "1e9s",
+            "",
+            ".",
+            "1.2.3s",
+            "5 m",
+            "5y",
+            "\u{0663}s",
+        ] {
+            let r = std::panic::catch_unwind(|| parse_duration(s));
+            assert!(matches!(r, Ok(Err(_))), "{s:?}: {r:?}");
+        }
+        let r = std::panic::catch_unwind(|| {
+            load(
+                None,
+                env(&[("PXED_DHCP__LEASE_TIME", "99999999999999999999d")]),
+                &Flags::default(),
+            )
+        });
+        let e = r.expect("no panic").unwrap_err().to_string();
+        assert!(e.contains("dhcp.lease_time"), "{e}");
+    }
+
+    /// Decimals are exact, and what `check-config` prints reads back to the same value.
+    #[test]
+    fn durations_are_exact_and_round_trip() {
+        for (s, d) in [
+            ("1.5h", Duration::from_secs(5400)),
+            ("0.1s", Duration::from_millis(100)),
+            (".5m", Duration::from_secs(30)),
+            ("2.", Duration::from_secs(2)),
+            ("0.000000001s", Duration::from_nanos(1)),
+            ("0.0000000001s", Duration::ZERO),
+            ("18446744073709551615s", Duration::from_secs(u64::MAX)),
+        ] {
+            assert_eq!(parse_duration(s), Ok(d), "{s}");
+        }
+        for (d, s) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(3600), "1h"),
+            (Duration::from_secs(5400), "90m"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_nanos(1_000_000_001), "1.000000001s"),
+            (Duration::from_secs(u64::MAX), "18446744073709551615s"),
+        ] {
+            assert_eq!(fmt_duration(d), s);
+            assert_eq!(parse_duration(s), Ok(d), "{s}");
+        }
     }
 
     #[test]
