@@ -26,7 +26,18 @@ pub enum ConfigError {
     #[error("unknown environment variable {var} (no config key `{key}`)")]
     UnknownEnv { var: String, key: String },
     #[error("invalid value for {key}: {reason}")]
-    Invalid { key: &'static str, reason: String },
+    Invalid { key: String, reason: String },
+    #[error("{key}: must be between {min} and {max} (got {got})")]
+    OutOfRange {
+        key: String,
+        min: String,
+        max: String,
+        got: String,
+    },
+    /// A pxed bug, caught by the unit tests: validation asked for a key that
+    /// [`BOUNDS`] does not list (or lists with the other kind of range).
+    #[error("{key}: no range declared for this key")]
+    NoRange { key: String },
     #[error("cannot read API token file {path}: {source}")]
     TokenFile {
         path: PathBuf,
@@ -123,13 +134,14 @@ pub struct BootWire {
     pub per_mac: Option<BTreeMap<String, String>>,
 }
 
-/// `[tftp_server]`.
+/// `[tftp_server]`. Counts here and in the other sections are `i64`, TOML's integer,
+/// so a negative or huge value gets the range error of [`BOUNDS`], not a type error.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TftpWire {
-    pub max_transfers: Option<usize>,
+    pub max_transfers: Option<i64>,
     pub timeout: Option<String>,
-    pub retries: Option<u32>,
+    pub retries: Option<i64>,
 }
 
 /// `[lifecycle]`: deadline per state, retries.
@@ -137,7 +149,7 @@ pub struct TftpWire {
 #[serde(deny_unknown_fields)]
 pub struct LifecycleWire {
     pub deadlines: Option<BTreeMap<String, String>>,
-    pub max_attempts: Option<u32>,
+    pub max_attempts: Option<i64>,
     pub backoff: Option<String>,
 }
 
@@ -146,7 +158,7 @@ pub struct LifecycleWire {
 #[serde(deny_unknown_fields)]
 pub struct BmcWire {
     pub request_timeout: Option<String>,
-    pub retries: Option<u32>,
+    pub retries: Option<i64>,
     pub power_deadline: Option<String>,
     pub restart_observe: Option<String>,
     pub poll_interval: Option<String>,
@@ -424,6 +436,132 @@ pub fn fmt_duration(d: Duration) -> String {
     }
     let s = format!("{}.{:09}", d.as_secs(), d.subsec_nanos());
     format!("{}s", s.trim_end_matches('0'))
+}
+
+/// The inclusive range of one duration or count in the config schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    Duration { min: Duration, max: Duration },
+    Count { min: i64, max: i64 },
+}
+
+impl Range {
+    const fn ms(min: u64, max: u64) -> Range {
+        Range::Duration {
+            min: Duration::from_millis(min),
+            max: Duration::from_millis(max),
+        }
+    }
+
+    const fn secs(min: u64, max: u64) -> Range {
+        Range::Duration {
+            min: Duration::from_secs(min),
+            max: Duration::from_secs(max),
+        }
+    }
+
+    const fn count(min: i64, max: i64) -> Range {
+        Range::Count { min, max }
+    }
+
+    /// The bounds as the operator writes them (`60s` as `1m`).
+    pub fn show(&self) -> (String, String) {
+        match *self {
+            Range::Duration { min, max } => (fmt_duration(min), fmt_duration(max)),
+            Range::Count { min, max } => (min.to_string(), max.to_string()),
+        }
+    }
+}
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+/// Every duration and count of the schema with its inclusive range, as
+/// `section.key` (`*`: any key of that map). Validation reads these values only
+/// through [`duration`] and [`count`], which look the key up here, so a key missing
+/// from this table fails every load (the defaults test catches it), and the property
+/// test checks any loaded config against it. Ranges are what a production site could
+/// want, not what the code could survive: anything outside is a typo or an attack.
+pub const BOUNDS: &[(&str, Range)] = &[
+    // A lease shorter than a minute is renewal traffic; longer than a year, a leak.
+    ("dhcp.lease_time", Range::secs(MINUTE, 365 * DAY)),
+    // One slot is one socket and one blocking reader; 64 Ki covers any rack.
+    ("tftp_server.max_transfers", Range::count(1, 65_536)),
+    // Per packet; 255 s is the most the RFC 2349 `timeout` option can ask for.
+    ("tftp_server.timeout", Range::ms(100, 255_000)),
+    ("tftp_server.retries", Range::count(0, 20)),
+    // Per in-progress state: long enough for a slow install, short enough to notice.
+    ("lifecycle.deadlines.*", Range::secs(5, 7 * DAY)),
+    ("lifecycle.max_attempts", Range::count(0, 20)),
+    // Doubles per retry (capped at 10 min or itself); tests use tens of ms.
+    ("lifecycle.backoff", Range::ms(10, HOUR * 1000)),
+    ("bmc.request_timeout", Range::ms(100, 5 * MINUTE * 1000)),
+    ("bmc.retries", Range::count(0, 10)),
+    ("bmc.power_deadline", Range::secs(1, HOUR)),
+    ("bmc.restart_observe", Range::ms(100, HOUR * 1000)),
+    ("bmc.poll_interval", Range::ms(50, 5 * MINUTE * 1000)),
+];
+
+/// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
+/// `lifecycle.deadlines.*`).
+pub fn range_of(key: &str) -> Option<Range> {
+    BOUNDS.iter().find_map(|(pattern, range)| {
+        let (p, k): (Vec<&str>, Vec<&str>) =
+            (pattern.split('.').collect(), key.split('.').collect());
+        (p.len() == k.len() && p.iter().zip(&k).all(|(p, k)| *p == "*" || p == k)).then_some(*range)
+    })
+}
+
+/// `raw` (or `default`) as a duration inside the range of `key`.
+fn duration(key: &str, raw: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+    let Some(range @ Range::Duration { min, max }) = range_of(key) else {
+        return Err(ConfigError::NoRange { key: key.into() });
+    };
+    let nanos = match raw {
+        Some(s) => duration_nanos(s).map_err(|e| invalid(key, e))?,
+        None => default.as_nanos(),
+    };
+    if !(min.as_nanos()..=max.as_nanos()).contains(&nanos) {
+        let got = raw.map_or_else(|| fmt_duration(default), |s| s.trim().to_string());
+        return Err(out_of_range(key, range, got));
+    }
+    // In range, so below `max` and representable.
+    Ok(Duration::new(
+        (nanos / NANOS_PER_SEC) as u64,
+        (nanos % NANOS_PER_SEC) as u32,
+    ))
+}
+
+/// `raw` (or `default`) as a count inside the range of `key`.
+fn count<T: TryFrom<i64>>(key: &str, raw: Option<i64>, default: i64) -> Result<T, ConfigError> {
+    let Some(range @ Range::Count { min, max }) = range_of(key) else {
+        return Err(ConfigError::NoRange { key: key.into() });
+    };
+    let v = raw.unwrap_or(default);
+    if !(min..=max).contains(&v) {
+        return Err(out_of_range(key, range, v.to_string()));
+    }
+    T::try_from(v).map_err(|_| out_of_range(key, range, v.to_string()))
+}
+
+fn out_of_range(key: &str, range: Range, mut got: String) -> ConfigError {
+    // The value is echoed back; a megabyte of digits need not be.
+    if got.len() > 40 {
+        let cut = (0..=40)
+            .rev()
+            .find(|i| got.is_char_boundary(*i))
+            .unwrap_or(0);
+        got.truncate(cut);
+        got.push('…');
+    }
+    let (min, max) = range.show();
+    ConfigError::OutOfRange {
+        key: key.into(),
+        min,
+        max,
+        got,
+    }
 }
 
 /// The server's command-line flags: parsed by clap (`pxed serve`, `pxed check-config`)
@@ -743,6 +881,11 @@ fn env_value(path: &[String], val: &str) -> toml::Value {
                 .collect(),
         );
     }
+    // A bare number is seconds to a duration key (`PXED_DHCP__LEASE_TIME=3600`), which
+    // the wire form reads as text.
+    if matches!(range_of(&path.join(".")), Some(Range::Duration { .. })) {
+        return toml::Value::String(val.to_string());
+    }
     if let Ok(v) = val.parse::<i64>() {
         return toml::Value::Integer(v);
     }
@@ -756,9 +899,9 @@ fn flag_layer(f: &Flags) -> Result<toml::Table, ConfigError> {
     toml::Table::try_from(f).map_err(|e| ConfigError::Parse(e.to_string()))
 }
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        key,
+        key: key.into(),
         reason: reason.into(),
     }
 }
@@ -773,13 +916,11 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             "DHCP is on but no --interface was named; pxed answers DHCP only on interfaces the operator names",
         ));
     }
-    let lease_time = match &d.lease_time {
-        Some(s) => parse_duration(s).map_err(|e| invalid("dhcp.lease_time", e))?,
-        None => Duration::from_secs(3600),
-    };
-    if lease_time < Duration::from_secs(60) {
-        return Err(invalid("dhcp.lease_time", "must be at least 60s"));
-    }
+    let lease_time = duration(
+        "dhcp.lease_time",
+        d.lease_time.as_deref(),
+        Duration::from_secs(3600),
+    )?;
     let local = match (&d.pool, mode) {
         (Some(p), _) => {
             let pool = Pool::parse(p).map_err(|e| invalid("dhcp.pool", e))?;
@@ -866,21 +1007,22 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     }
     let t = w.tftp_server.unwrap_or_default();
     let tftp_server = TftpSettings {
-        max_transfers: t.max_transfers.unwrap_or(256),
-        timeout: match t.timeout {
-            Some(s) => parse_duration(&s).map_err(|e| invalid("tftp_server.timeout", e))?,
-            None => Duration::from_secs(1),
-        },
-        retries: t.retries.unwrap_or(5),
+        max_transfers: count("tftp_server.max_transfers", t.max_transfers, 256)?,
+        timeout: duration(
+            "tftp_server.timeout",
+            t.timeout.as_deref(),
+            Duration::from_secs(1),
+        )?,
+        retries: count("tftp_server.retries", t.retries, 5)?,
     };
-    if tftp_server.max_transfers == 0 {
-        return Err(invalid("tftp_server.max_transfers", "must be at least 1"));
-    }
     let l = w.lifecycle.unwrap_or_default();
-    let mut deadlines: BTreeMap<State, Duration> = State::ALL
-        .into_iter()
-        .filter_map(|s| Some((s, s.default_deadline()?)))
-        .collect();
+    let deadline_key = |s: State| format!("lifecycle.deadlines.{s}");
+    let mut deadlines = BTreeMap::new();
+    for s in State::ALL {
+        if let Some(d) = s.default_deadline() {
+            deadlines.insert(s, duration(&deadline_key(s), None, d)?);
+        }
+    }
     for (k, v) in l.deadlines.unwrap_or_default() {
         let state = k.parse::<State>().ok().filter(|s| s.in_progress());
         let Some(state) = state else {
@@ -895,16 +1037,17 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
                 format!("`{k}` {what} (deadlines: {})", names.join(", ")),
             ));
         };
-        let d = parse_duration(&v).map_err(|e| invalid("lifecycle.deadlines", e))?;
+        let d = duration(&deadline_key(state), Some(&v), Duration::ZERO)?;
         deadlines.insert(state, d);
     }
     let lifecycle = LifecycleConfig {
         deadlines,
-        max_attempts: l.max_attempts.unwrap_or(3),
-        backoff: match l.backoff {
-            Some(s) => parse_duration(&s).map_err(|e| invalid("lifecycle.backoff", e))?,
-            None => Duration::from_secs(10),
-        },
+        max_attempts: count("lifecycle.max_attempts", l.max_attempts, 3)?,
+        backoff: duration(
+            "lifecycle.backoff",
+            l.backoff.as_deref(),
+            Duration::from_secs(10),
+        )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;
     let api_token = match (w.api_token, &w.api_token_file) {
@@ -971,34 +1114,36 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
 
 fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
     let def = BmcSettings::default();
-    let dur = |key: &'static str, v: Option<String>, default: Duration| match v {
-        Some(s) => match parse_duration(&s).map_err(|e| invalid(key, e))? {
-            Duration::ZERO => Err(invalid(key, "must be more than 0")),
-            d => Ok(d),
-        },
-        None => Ok(default),
-    };
     let s = BmcSettings {
-        request_timeout: dur(
+        request_timeout: duration(
             "bmc.request_timeout",
-            b.request_timeout,
+            b.request_timeout.as_deref(),
             def.request_timeout,
         )?,
-        retries: b.retries.unwrap_or(def.retries),
-        power_deadline: dur("bmc.power_deadline", b.power_deadline, def.power_deadline)?,
-        restart_observe: dur(
+        retries: count("bmc.retries", b.retries, def.retries.into())?,
+        power_deadline: duration(
+            "bmc.power_deadline",
+            b.power_deadline.as_deref(),
+            def.power_deadline,
+        )?,
+        restart_observe: duration(
             "bmc.restart_observe",
-            b.restart_observe,
+            b.restart_observe.as_deref(),
             def.restart_observe,
         )?,
-        poll_interval: dur("bmc.poll_interval", b.poll_interval, def.poll_interval)?,
+        poll_interval: duration(
+            "bmc.poll_interval",
+            b.poll_interval.as_deref(),
+            def.poll_interval,
+        )?,
     };
     if s.restart_observe > s.power_deadline {
         return Err(invalid(
             "bmc.restart_observe",
             format!(
-                "{:?} is longer than bmc.power_deadline ({:?})",
-                s.restart_observe, s.power_deadline
+                "{} is longer than bmc.power_deadline ({})",
+                fmt_duration(s.restart_observe),
+                fmt_duration(s.power_deadline)
             ),
         ));
     }
@@ -1006,8 +1151,9 @@ fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
         return Err(invalid(
             "bmc.poll_interval",
             format!(
-                "{:?} is longer than bmc.power_deadline ({:?})",
-                s.poll_interval, s.power_deadline
+                "{} is longer than bmc.power_deadline ({})",
+                fmt_duration(s.poll_interval),
+                fmt_duration(s.power_deadline)
             ),
         ));
     }
@@ -1282,6 +1428,193 @@ mod tests {
         });
         let e = r.expect("no panic").unwrap_err().to_string();
         assert!(e.contains("dhcp.lease_time"), "{e}");
+    }
+
+    /// Issue 10, finding 7: accepted by `check-config`, then tokio's semaphore panicked
+    /// at `serve` (its limit is `usize::MAX >> 3`).
+    #[test]
+    fn huge_max_transfers_is_refused() {
+        let e = load(
+            None,
+            env(&[("PXED_TFTP_SERVER__MAX_TRANSFERS", "4611686018427387904")]),
+            &Flags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "tftp_server.max_transfers: must be between 1 and 65536 (got 4611686018427387904)"
+        );
+        let Some(Range::Count { max, .. }) = range_of("tftp_server.max_transfers") else {
+            panic!("max_transfers has no count range");
+        };
+        assert!(max as usize <= tokio::sync::Semaphore::MAX_PERMITS);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        for (v, ok) in [("-1", false), ("0", false), ("1", true), ("65536", true)] {
+            std::fs::write(&p, format!("[tftp_server]\nmax_transfers = {v}\n")).unwrap();
+            let r = load(Some(&p), env(&[]), &Flags::default());
+            assert_eq!(r.is_ok(), ok, "{v}: {r:?}");
+        }
+    }
+
+    /// Issue 10, finding 7: a zero TFTP timeout was accepted and every transfer failed.
+    #[test]
+    fn zero_tftp_timeout_is_refused() {
+        for (v, ok) in [
+            ("0s", false),
+            ("0", false),
+            ("99ms", false),
+            ("100ms", true),
+        ] {
+            let r = load(
+                None,
+                env(&[("PXED_TFTP_SERVER__TIMEOUT", v)]),
+                &Flags::default(),
+            );
+            match r {
+                Ok(c) => assert!(ok && c.tftp_server.timeout == parse_duration(v).unwrap()),
+                Err(e) => assert!(
+                    !ok && e
+                        .to_string()
+                        .starts_with("tftp_server.timeout: must be between 100ms and"),
+                    "{v}: {e}"
+                ),
+            }
+        }
+    }
+
+    /// A huge lease time names the key and its range, from each layer.
+    #[test]
+    fn huge_lease_time_names_its_range() {
+        let want = "dhcp.lease_time: must be between 1m and 365d (got 99999999999999999999d)";
+        let e = load(
+            None,
+            env(&[("PXED_DHCP__LEASE_TIME", "99999999999999999999d")]),
+            &Flags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), want);
+        let f = Flags {
+            dhcp: DhcpFlags {
+                lease_time: Some("99999999999999999999d".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(load(None, env(&[]), &f).unwrap_err().to_string(), want);
+        // A bare number from the environment is seconds (it once was a type error).
+        let c = load(
+            None,
+            env(&[("PXED_DHCP__LEASE_TIME", "3600")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(c.dhcp.lease_time, Duration::from_secs(3600));
+    }
+
+    /// Each row of [`BOUNDS`] is enforced at both ends, through the environment: the
+    /// bound itself is not refused as out of range, one step past it is.
+    #[test]
+    fn every_range_is_enforced_at_both_ends() {
+        for (pattern, range) in BOUNDS {
+            // A map key stands for any of its keys: take one that validation accepts.
+            let key = pattern.replace('*', "installing");
+            let var = format!("PXED_{}", key.replace('.', "__").to_ascii_uppercase());
+            let (inside, outside) = match *range {
+                Range::Duration { min, max } => {
+                    let ns = Duration::from_nanos(1);
+                    (
+                        [fmt_duration(min), fmt_duration(max)],
+                        [fmt_duration(min - ns), fmt_duration(max + ns)],
+                    )
+                }
+                Range::Count { min, max } => (
+                    [min.to_string(), max.to_string()],
+                    [(min - 1).to_string(), (max + 1).to_string()],
+                ),
+            };
+            let refusal = format!("{key}: must be between");
+            for v in inside {
+                if let Err(e) = load(None, env(&[(&var, &v)]), &Flags::default()) {
+                    assert!(!e.to_string().contains(&refusal), "{var}={v}: {e}");
+                }
+            }
+            for v in outside {
+                let e = load(None, env(&[(&var, &v)]), &Flags::default()).unwrap_err();
+                assert!(e.to_string().starts_with(&refusal), "{var}={v}: {e}");
+            }
+        }
+    }
+
+    /// Every number `check-config` prints has a row in [`BOUNDS`], every row is a key the
+    /// environment can set (so the property test reaches it), and the defaults are in
+    /// range. A key added without a range fails here.
+    #[test]
+    fn every_number_in_the_schema_has_a_range() {
+        for flags in [
+            Flags::default(),
+            Flags {
+                demo: true,
+                ..Default::default()
+            },
+        ] {
+            let c = load(None, env(&[]), &flags).unwrap();
+            let mut seen = Vec::new();
+            walk_leaves(&toml::Table::try_from(&c).unwrap(), "", &mut |key, v| {
+                let numeric = v.is_integer()
+                    || v.is_float()
+                    || v.as_str().is_some_and(|s| parse_duration(s).is_ok());
+                if numeric {
+                    assert!(
+                        range_of(key).is_some(),
+                        "{key} = {v} has no range in BOUNDS"
+                    );
+                    seen.push(key.to_string());
+                }
+            });
+            assert_bounds(&c);
+            for (pattern, _) in BOUNDS {
+                assert!(ENV_KEYS.contains(pattern), "{pattern} is not in ENV_KEYS");
+                assert!(
+                    seen.iter()
+                        .any(|k| range_of(k) == range_of(&pattern.replace('*', "installing"))),
+                    "{pattern} is not in the config"
+                );
+            }
+        }
+    }
+
+    /// Calls `f` with the dotted path and value of every leaf (arrays count as leaves).
+    fn walk_leaves(t: &toml::Table, prefix: &str, f: &mut dyn FnMut(&str, &toml::Value)) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => walk_leaves(t, &key, f),
+                v => f(&key, v),
+            }
+        }
+    }
+
+    /// Panics unless every value of `c` that [`BOUNDS`] names is inside its range.
+    fn assert_bounds(c: &Config) {
+        walk_leaves(&toml::Table::try_from(c).unwrap(), "", &mut |key, v| {
+            let ok = match (range_of(key), v) {
+                (None, _) => return,
+                (Some(Range::Count { min, max }), toml::Value::Integer(n)) => {
+                    (min..=max).contains(n)
+                }
+                (Some(Range::Duration { min, max }), toml::Value::String(s)) => {
+                    parse_duration(s).is_ok_and(|d| (min..=max).contains(&d))
+                }
+                _ => false,
+            };
+            assert!(ok, "{key} = {v} is outside {:?}", range_of(key));
+        });
     }
 
     /// Decimals are exact, and what `check-config` prints reads back to the same value.
