@@ -1585,6 +1585,166 @@ mod tests {
         }
     }
 
+    /// Arbitrary values for arbitrary keys of the schema, through the file, the
+    /// environment and the `--lease-time` flag: the loader answers `Ok` or `Err` and
+    /// never panics, and an `Ok` config is inside [`BOUNDS`]. Keys come from
+    /// [`ENV_KEYS`], so a key added later is covered without touching this test.
+    mod schema_property {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Keys set only in the file (lists of tables).
+        const FILE_ONLY_KEYS: &[&str] = &["dhcp.reservations", "dhcp.relay_subnets"];
+
+        /// A map key for `*`: a state, a MAC or anything.
+        fn map_key() -> impl Strategy<Value = String> {
+            let states: Vec<String> = State::ALL.iter().map(|s| s.to_string()).collect();
+            prop_oneof![
+                prop::sample::select(states),
+                "52:54:00:[0-9a-f]{2}:[0-9a-f]{2}:[0-9a-f]{2}",
+                "[a-z_]{1,12}",
+            ]
+        }
+
+        fn key(keys: Vec<&'static str>) -> impl Strategy<Value = String> {
+            (prop::sample::select(keys), map_key()).prop_map(|(k, m)| k.replace('*', &m))
+        }
+
+        /// Text as an operator, a script or an attacker might write it.
+        fn text() -> BoxedStrategy<String> {
+            let odd = [
+                "NaN",
+                "inf",
+                "-inf",
+                "-0",
+                "1e400",
+                "",
+                "  ",
+                ".",
+                "0",
+                "0s",
+                "99999999999999999999d",
+                "18446744073709551616s",
+                "213503982334602d",
+                "4611686018427387904",
+                "-9223372036854775808",
+                "9223372036854775807",
+                "true",
+                "[1, 2]",
+                "{ a = 1 }",
+                "\u{0663}s",
+                "1_000s",
+                "full",
+                "proxy",
+                "10.0.0.10-10.0.0.20",
+                "255.255.255.0",
+            ];
+            prop_oneof![
+                2 => "[-+]?[0-9]{0,24}(\\.[0-9]{0,20})?( )?(ms|s|m|h|d|us|ns|y|w|e9|E|)",
+                6 => "[0-9]{1,4}(ms|s|m|h|d)?",
+                2 => prop::sample::select(odd.to_vec()).prop_map(String::from),
+                1 => any::<i64>().prop_map(|n| n.to_string()),
+                1 => (0i64..100_000).prop_map(|n| n.to_string()),
+                1 => any::<f64>().prop_map(|f| f.to_string()),
+                1 => ".{0,24}",
+            ]
+            .boxed()
+        }
+
+        /// Any TOML value, right type or wrong, nested a little.
+        fn value() -> impl Strategy<Value = toml::Value> {
+            let leaf = prop_oneof![
+                6 => text().prop_map(toml::Value::String),
+                1 => any::<i64>().prop_map(toml::Value::Integer),
+                2 => (0i64..100_000).prop_map(toml::Value::Integer),
+                1 => any::<f64>().prop_map(toml::Value::Float),
+                1 => any::<bool>().prop_map(toml::Value::Boolean),
+            ];
+            leaf.prop_recursive(2, 8, 3, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..3).prop_map(toml::Value::Array),
+                    prop::collection::btree_map("[a-z_]{1,8}", inner, 0..3)
+                        .prop_map(|m| toml::Value::Table(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn insert(t: &mut toml::Table, key: &str, v: toml::Value) {
+            let mut parts: Vec<&str> = key.split('.').collect();
+            let last = parts.pop().unwrap_or_default();
+            let mut cur = t;
+            for p in parts {
+                let e = cur
+                    .entry(p)
+                    .or_insert_with(|| toml::Value::Table(Default::default()));
+                if !e.is_table() {
+                    *e = toml::Value::Table(Default::default());
+                }
+                let toml::Value::Table(next) = e else {
+                    unreachable!("made a table above")
+                };
+                cur = next;
+            }
+            cur.insert(last.to_string(), v);
+        }
+
+        fn env_var(key: &str) -> String {
+            format!("PXED_{}", key.replace('.', "__").to_ascii_uppercase())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 512,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn any_value_for_any_key_loads_or_errs_never_panics(
+                file in prop::collection::vec(
+                    (key([ENV_KEYS, FILE_ONLY_KEYS].concat()), value()),
+                    0..4,
+                ),
+                vars in prop::collection::vec((key(ENV_KEYS.to_vec()), text()), 0..4),
+                lease_flag in prop::option::of(text()),
+            ) {
+                let mut table = toml::Table::new();
+                for (k, v) in &file {
+                    insert(&mut table, k, v.clone());
+                }
+                let text = toml::to_string(&table);
+                prop_assume!(text.is_ok(), "not TOML: {:?}", table);
+                let text = text.unwrap_or_default();
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("pxed.toml");
+                std::fs::write(&path, &text).unwrap();
+                let vars: Vec<(String, String)> =
+                    vars.iter().map(|(k, v)| (env_var(k), v.clone())).collect();
+                let flags = Flags {
+                    dhcp: DhcpFlags {
+                        lease_time: lease_flag,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                for (file, vars, flags) in [
+                    (Some(path.as_path()), vec![], Flags::default()),
+                    (None, vars.clone(), Flags::default()),
+                    (Some(path.as_path()), vars.clone(), flags),
+                ] {
+                    let r = std::panic::catch_unwind(|| load(file, vars.clone(), &flags));
+                    prop_assert!(
+                        r.is_ok(),
+                        "load panicked\nfile:\n{text}\nenv: {vars:?}\nflags: {flags:?}"
+                    );
+                    if let Ok(Ok(c)) = r {
+                        assert_bounds(&c);
+                    }
+                }
+            }
+        }
+    }
+
     /// Calls `f` with the dotted path and value of every leaf (arrays count as leaves).
     fn walk_leaves(t: &toml::Table, prefix: &str, f: &mut dyn FnMut(&str, &toml::Value)) {
         for (k, v) in t {
@@ -1600,10 +1760,13 @@ mod tests {
         }
     }
 
-    /// Panics unless every value of `c` that [`BOUNDS`] names is inside its range.
+    /// Panics unless every value of `c` that [`BOUNDS`] names is inside its range and
+    /// every integer has a row there.
     fn assert_bounds(c: &Config) {
         walk_leaves(&toml::Table::try_from(c).unwrap(), "", &mut |key, v| {
             let ok = match (range_of(key), v) {
+                // Integers are counts: each needs a row.
+                (None, toml::Value::Integer(_)) => false,
                 (None, _) => return,
                 (Some(Range::Count { min, max }), toml::Value::Integer(n)) => {
                     (min..=max).contains(n)
