@@ -83,6 +83,15 @@ pub struct Wire {
     pub tftp_server: Option<TftpWire>,
     pub lifecycle: Option<LifecycleWire>,
     pub bmc: Option<BmcWire>,
+    pub discovery: Option<DiscoveryWire>,
+}
+
+/// `[discovery]`: how many unknown netboot clients DHCP may register.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryWire {
+    pub max_pending: Option<i64>,
+    pub per_minute: Option<i64>,
 }
 
 /// `[dhcp]`.
@@ -255,6 +264,26 @@ pub struct TftpSettings {
     pub retries: u32,
 }
 
+/// Validated discovery bounds: anyone on the VLAN can send PXE DISCOVERs with made-up
+/// MACs, so registering them is capped and rate-limited; beyond either bound unknown
+/// clients are counted, not stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DiscoverySettings {
+    /// Most `discovered` (not yet enrolled) nodes kept; 0 turns discovery off.
+    pub max_pending: u32,
+    /// Most registrations per minute.
+    pub per_minute: u32,
+}
+
+impl Default for DiscoverySettings {
+    fn default() -> Self {
+        DiscoverySettings {
+            max_pending: 1024,
+            per_minute: 600,
+        }
+    }
+}
+
 /// Validated lifecycle settings.
 #[derive(Debug, Clone, Serialize)]
 pub struct LifecycleConfig {
@@ -337,6 +366,7 @@ pub struct Config {
     pub tftp_server: TftpSettings,
     pub lifecycle: LifecycleConfig,
     pub bmc: BmcSettings,
+    pub discovery: DiscoverySettings,
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -501,6 +531,9 @@ pub const BOUNDS: &[(&str, Range)] = &[
     ("bmc.power_deadline", Range::secs(1, HOUR)),
     ("bmc.restart_observe", Range::ms(100, HOUR * 1000)),
     ("bmc.poll_interval", Range::ms(50, 5 * MINUTE * 1000)),
+    // Unenrolled machines kept, and registrations a minute: a rack at once fits.
+    ("discovery.max_pending", Range::count(0, 100_000)),
+    ("discovery.per_minute", Range::count(1, 100_000)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -777,6 +810,8 @@ pub const ENV_KEYS: &[&str] = &[
     "bmc.power_deadline",
     "bmc.restart_observe",
     "bmc.poll_interval",
+    "discovery.max_pending",
+    "discovery.per_minute",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1050,6 +1085,16 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;
+    let dw = w.discovery.unwrap_or_default();
+    let def = DiscoverySettings::default();
+    let discovery = DiscoverySettings {
+        max_pending: count(
+            "discovery.max_pending",
+            dw.max_pending,
+            def.max_pending.into(),
+        )?,
+        per_minute: count("discovery.per_minute", dw.per_minute, def.per_minute.into())?,
+    };
     let api_token = match (w.api_token, &w.api_token_file) {
         (Some(t), _) => Some(t),
         (None, Some(path)) => Some(
@@ -1109,6 +1154,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         tftp_server,
         lifecycle,
         bmc,
+        discovery,
     })
 }
 

@@ -54,6 +54,7 @@ impl AppState {
         let policy = Policy::from_config(&cfg.lifecycle);
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
         let store_health: Arc<dyn Render> = store.health();
+        let discovery = cfg.discovery;
         Arc::new(AppState {
             cfg,
             store,
@@ -62,7 +63,7 @@ impl AppState {
             stats: AppStats::default(),
             renders: Mutex::new(vec![store_health]),
             shutdown: cancel,
-            discovery: Discovery::default(),
+            discovery: Discovery::new(discovery),
             conn_limits: crate::http::ConnLimits::for_fd_limit(crate::net::fd_limit()),
         })
     }
@@ -106,6 +107,16 @@ impl AppState {
                 "pxed_nodes_discovered_total",
                 "Unknown machines registered as discovered",
                 &self.discovery.discovered,
+            ),
+            (
+                "pxed_discovery_refused_cap_total",
+                "Unknown netboot clients not stored: discovery.max_pending nodes wait already",
+                &self.discovery.refused_cap,
+            ),
+            (
+                "pxed_discovery_refused_rate_total",
+                "Unknown netboot clients not stored: over discovery.per_minute",
+                &self.discovery.refused_rate,
             ),
         ] {
             sample(&mut out, name, help, "counter", c.get());

@@ -616,6 +616,33 @@ impl Store {
         Ok(created)
     }
 
+    /// Which of `macs` belong to no node.
+    pub async fn unknown_macs(&self, macs: &[Mac]) -> Result<Vec<Mac>, StoreError> {
+        let list = serde_json::json!(macs).to_string();
+        let known: std::collections::HashSet<Mac> = sqlx::query_scalar!(
+            r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE mac IN (SELECT value FROM json_each(?))"#,
+            list
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .collect();
+        Ok(macs
+            .iter()
+            .copied()
+            .filter(|m| !known.contains(m))
+            .collect())
+    }
+
+    /// How many nodes are `discovered` (seen, not enrolled).
+    pub async fn pending_discovered(&self) -> Result<u64, StoreError> {
+        let state = State::Discovered;
+        let n = sqlx::query_scalar!("SELECT COUNT(*) FROM nodes WHERE state = ?", state)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Records the architecture a node reported (DHCP option 93 or the agent).
     pub async fn set_arch(&self, id: i64, arch: Arch) -> Result<(), StoreError> {
         sqlx::query!("UPDATE nodes SET arch = ? WHERE id = ?", arch, id)
