@@ -5,7 +5,8 @@
 //! on its own task and its own ephemeral socket (a new TID) bound to the address
 //! the client contacted. The listener never stops on bad input: malformed packets
 //! are counted and dropped. A client ERROR (UEFI sends code 8 after its tsize
-//! probe) ends the transfer at once.
+//! probe) ends the transfer at once. Only regular files under the root are
+//! served, and opening one never waits (see `path`).
 //!
 //! Written here rather than taken from async-tftp, which leaves dead transfers
 //! after such an ERROR and runs a second runtime.
@@ -47,8 +48,11 @@ pub struct TftpStats {
     /// Transfers the client ended: an ERROR packet (e.g. after UEFI's tsize probe) or
     /// a closed port (ICMP port unreachable).
     pub client_aborts: Counter,
-    /// Requests refused: path traversal, not found, WRQ, unsupported mode.
+    /// Requests refused: path traversal, not found, not a regular file, WRQ,
+    /// unsupported mode.
     pub refused: Counter,
+    /// Of `refused`: a directory, FIFO, socket or device was asked for.
+    pub not_regular: Counter,
     /// Requests refused because `max_transfers` were in flight.
     pub busy: Counter,
     /// Packets at the listening port that were not a valid request.
@@ -101,6 +105,12 @@ impl Render for TftpStats {
             "refused",
             "TFTP requests refused (not found, access, WRQ).",
             &self.refused,
+        );
+        c(
+            out,
+            "not_regular",
+            "TFTP requests refused for a directory, FIFO, socket or device (also in refused).",
+            &self.not_regular,
         );
         c(
             out,
@@ -161,6 +171,6 @@ mod tests {
         s.render(&mut out);
         assert!(out.contains("pxed_tftp_busy_total 1\n"), "{out}");
         assert!(out.contains("pxed_tftp_active_transfers 1\n"), "{out}");
-        assert_eq!(out.matches("# TYPE").count(), 12);
+        assert_eq!(out.matches("# TYPE").count(), 13);
     }
 }

@@ -16,13 +16,15 @@ use tokio_util::task::TaskTracker;
 
 use super::options::negotiate;
 use super::packet::{self, ClientPacket, ErrorCode, MAX_REQUEST, Mode};
-use super::path::{Refusal, resolve};
+use super::path::Refusal;
 use super::{TftpError, TftpStats};
 use crate::config::TftpSettings;
 
-/// Netascii files are converted in memory; larger ones are refused. Netascii is a
-/// relic (boot loaders ask for octet), so this only has to cover small text files.
-const MAX_NETASCII: u64 = 16 << 20;
+/// Netascii files are converted in memory when opened, before the client has
+/// answered; larger ones are refused, so a flood of half-open netascii requests
+/// holds at most this (about twice) per transfer slot. Netascii is a relic (boot
+/// loaders ask for octet): this covers iPXE scripts and boot-loader menus.
+const MAX_NETASCII: u64 = 64 << 10;
 
 /// Serves files under `root` over TFTP on `socket` until `cancel` fires.
 ///
@@ -335,7 +337,10 @@ impl Source {
 struct OpenFailure {
     code: ErrorCode,
     message: &'static str,
+    /// Counted as refused (else as failed).
     refused: bool,
+    /// A directory, FIFO, socket or device.
+    not_regular: bool,
 }
 
 fn open(root: &Path, name: &[u8], netascii: bool) -> Result<(Source, u64), OpenFailure> {
@@ -343,21 +348,16 @@ fn open(root: &Path, name: &[u8], netascii: bool) -> Result<(Source, u64), OpenF
         code,
         message,
         refused: true,
+        not_regular: false,
     };
-    let path = resolve(root, name).map_err(|r| match r {
+    let (file, meta) = super::path::open(root, name).map_err(|r| match r {
         Refusal::NotFound => refuse(ErrorCode::NotFound, "file not found"),
         Refusal::Forbidden => refuse(ErrorCode::AccessViolation, "access violation"),
+        Refusal::NotRegular => OpenFailure {
+            not_regular: true,
+            ..refuse(ErrorCode::AccessViolation, "not a regular file")
+        },
     })?;
-    let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => refuse(ErrorCode::NotFound, "file not found"),
-        _ => refuse(ErrorCode::AccessViolation, "access violation"),
-    })?;
-    let meta = file
-        .metadata()
-        .map_err(|_| refuse(ErrorCode::AccessViolation, "access violation"))?;
-    if !meta.is_file() {
-        return Err(refuse(ErrorCode::AccessViolation, "not a regular file"));
-    }
     if !netascii {
         return Ok((Source::File(file), meta.len()));
     }
@@ -365,11 +365,18 @@ fn open(root: &Path, name: &[u8], netascii: bool) -> Result<(Source, u64), OpenF
         return Err(refuse(ErrorCode::Undefined, "file too large for netascii"));
     }
     let mut raw = Vec::with_capacity(meta.len() as usize);
-    io::Read::read_to_end(&mut &file, &mut raw).map_err(|_| OpenFailure {
-        code: ErrorCode::Undefined,
-        message: "read error",
-        refused: false,
-    })?;
+    io::Read::read_to_end(&mut io::Read::take(&file, MAX_NETASCII + 1), &mut raw).map_err(
+        |_| OpenFailure {
+            code: ErrorCode::Undefined,
+            message: "read error",
+            refused: false,
+            not_regular: false,
+        },
+    )?;
+    if raw.len() as u64 > MAX_NETASCII {
+        // It grew since the look at its size.
+        return Err(refuse(ErrorCode::Undefined, "file too large for netascii"));
+    }
     let text = to_netascii(&raw);
     let len = text.len() as u64;
     Ok((Source::Memory(text), len))
@@ -435,6 +442,7 @@ async fn transfer(
     let root = ctx.root.clone();
     let filename = req.filename;
     let netascii = req.netascii;
+    // A pool thread for a few system calls: opening never waits (see `path::open`).
     let opened = tokio::task::spawn_blocking(move || open(&root, &filename, netascii)).await;
     let (source, size) = match opened {
         Ok(Ok(s)) => s,
@@ -443,6 +451,9 @@ async fn transfer(
                 stats.refused.inc();
             } else {
                 stats.failed.inc();
+            }
+            if f.not_regular {
+                stats.not_regular.inc();
             }
             tracing::info!(%peer, file = %name, reason = f.message, "TFTP request refused");
             let mut out = Vec::new();

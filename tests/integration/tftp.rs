@@ -736,3 +736,77 @@ async fn wildcard_listener_replies_from_the_contacted_address() {
     t.idle().await;
     assert_eq!(t.stats.completed.get(), 2);
 }
+
+/// Opens the FIFO for writing without waiting, which releases a reader blocked in
+/// `open` (today's bug) so the test runtime can shut down after a failure.
+struct FifoRelease(PathBuf);
+
+impl Drop for FifoRelease {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.0);
+    }
+}
+
+/// Issue 10, finding 8: a FIFO in the served tree is refused at once, and neither
+/// holds a slot nor blocks shutdown; only regular files inside the root are served
+/// (a symlink is followed while it stays inside the root).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_regular_files_inside_the_root_are_served() {
+    let mut t = Tftp::start(settings(3, 8)).await;
+    let data = t.random_file("real", 3000);
+    let fifo = t.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let _release = FifoRelease(fifo);
+    std::fs::create_dir(t.path("dir")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"no").unwrap();
+    let link = |to: &Path, name: &str| std::os::unix::fs::symlink(to, t.path(name)).unwrap();
+    link(Path::new("fifo"), "to-fifo");
+    link(Path::new("/dev/zero"), "to-dev");
+    link(&outside.path().join("secret"), "to-outside");
+    link(outside.path(), "outdir");
+    link(Path::new("real"), "to-real");
+    link(Path::new("dir/../real"), "to-real-dotdot");
+    let c = Raw::new().await;
+    let cases: &[(&str, u16)] = &[
+        ("fifo", 2),
+        ("to-fifo", 2),
+        ("dir", 2),
+        ("to-dev", 2),
+        ("to-outside", 2),
+        ("outdir/secret", 2),
+    ];
+    for (name, code) in cases {
+        let started = Instant::now();
+        c.rrq(t.addr, name, &[]).await;
+        let (p, _) = c
+            .recv(Duration::from_millis(500))
+            .await
+            .unwrap_or_else(|| panic!("{name}: no answer within 500 ms"));
+        assert_error(&p, *code);
+        assert!(started.elapsed() < Duration::from_millis(500), "{name}");
+    }
+    t.idle().await;
+    assert_eq!(t.stats.not_regular.get(), 3);
+    assert_eq!(t.stats.refused.get(), cases.len() as u64);
+    // Symlinks that stay inside the root are served.
+    let out = tempfile::tempdir().unwrap();
+    for name in ["to-real", "to-real-dotdot"] {
+        let got = out.path().join(name);
+        tftp_hpa(t.port(), "binary", name, &got).await;
+        same(&got, &data, name);
+    }
+    // A request for the FIFO in flight does not hold up shutdown.
+    c.rrq(t.addr, "fifo", &[]).await;
+    t.cancel.cancel();
+    timeout(Duration::from_secs(1), t.task.take().unwrap())
+        .await
+        .expect("serve did not return within 1 s")
+        .unwrap()
+        .unwrap();
+    assert!(t.metrics().contains("pxed_tftp_not_regular_total "));
+}
