@@ -5,8 +5,12 @@
 //! on its own task and its own ephemeral socket (a new TID) bound to the address
 //! the client contacted. The listener never stops on bad input: malformed packets
 //! are counted and dropped. A client ERROR (UEFI sends code 8 after its tsize
-//! probe) ends the transfer at once. Only regular files under the root are
-//! served, and opening one never waits (see `path`).
+//! probe) ends the transfer at once.
+//!
+//! Hostile clients are bounded: a transfer whose client never answers its first
+//! packet is given up within a second, and until the client answers it holds no
+//! thread. Only regular files under the root are served, and opening one never
+//! waits (see `path`).
 //!
 //! Written here rather than taken from async-tftp, which leaves dead transfers
 //! after such an ERROR and runs a second runtime.
@@ -55,6 +59,9 @@ pub struct TftpStats {
     pub not_regular: Counter,
     /// Requests refused because `max_transfers` were in flight.
     pub busy: Counter,
+    /// Transfers given up because the client never acknowledged the OACK or DATA 1
+    /// (not counted in `failed`).
+    pub first_ack_timeouts: Counter,
     /// Packets at the listening port that were not a valid request.
     pub malformed_dropped: Counter,
     /// Receive errors on the listening socket that were not transient (logged; the
@@ -120,6 +127,12 @@ impl Render for TftpStats {
         );
         c(
             out,
+            "first_ack_timeouts",
+            "TFTP transfers whose client never acknowledged the first packet.",
+            &self.first_ack_timeouts,
+        );
+        c(
+            out,
             "malformed_dropped",
             "Malformed TFTP packets dropped.",
             &self.malformed_dropped,
@@ -171,6 +184,6 @@ mod tests {
         s.render(&mut out);
         assert!(out.contains("pxed_tftp_busy_total 1\n"), "{out}");
         assert!(out.contains("pxed_tftp_active_transfers 1\n"), "{out}");
-        assert_eq!(out.matches("# TYPE").count(), 13);
+        assert_eq!(out.matches("# TYPE").count(), 14);
     }
 }

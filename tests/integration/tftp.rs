@@ -565,11 +565,27 @@ async fn a_lost_ack_gets_the_data_again() {
 
 #[tokio::test]
 async fn a_silent_client_gets_retries_plus_one_copies() {
-    let retries = 2;
+    let retries = 3;
     let t = Tftp::start(settings(retries, 8)).await;
     t.random_file("f", 5000);
     let c = Raw::new().await;
     c.rrq(t.addr, "f", &[]).await;
+    let (p, tid) = c.expect("DATA 1").await;
+    assert_data(&p, 1);
+    c.ack(tid, 1).await;
+    let mut copies = 0;
+    while let Some((p, _)) = c.recv(TIMEOUT * 3).await {
+        assert_data(&p, 2);
+        copies += 1;
+    }
+    assert_eq!(copies, retries + 1);
+    t.idle().await;
+    assert_eq!(t.stats.failed.get(), 1);
+    // After the OACK the same.
+    c.rrq(t.addr, "f", &[("blksize", "1024")]).await;
+    let (p, tid) = c.expect("OACK").await;
+    oack_options(&p);
+    c.ack(tid, 0).await;
     let mut copies = 0;
     while let Some((p, _)) = c.recv(TIMEOUT * 3).await {
         assert_data(&p, 1);
@@ -577,28 +593,56 @@ async fn a_silent_client_gets_retries_plus_one_copies() {
     }
     assert_eq!(copies, retries + 1);
     t.idle().await;
-    assert_eq!(t.stats.failed.get(), 1);
-    // The OACK is retransmitted the same way.
-    c.rrq(t.addr, "f", &[("blksize", "1024")]).await;
-    let mut copies = 0;
-    while let Some((p, _)) = c.recv(TIMEOUT * 3).await {
-        oack_options(&p);
-        copies += 1;
+    assert_eq!(t.stats.failed.get(), 2);
+    assert_eq!(t.stats.first_ack_timeouts.get(), 0);
+}
+
+/// A client that never acknowledges the first packet (OACK or DATA 1) gets it
+/// twice and frees its slot within a second, whatever the timeout and retries that
+/// apply once it has answered.
+#[tokio::test]
+async fn a_client_that_never_answers_frees_its_slot_within_a_second() {
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 8,
+        timeout: Duration::from_secs(5),
+        retries: 5,
+    })
+    .await;
+    t.random_file("f", 5000);
+    for opts in [&[][..], &[("tsize", "0"), ("blksize", "1468")]] {
+        let c = Raw::new().await;
+        let started = Instant::now();
+        c.rrq(t.addr, "f", opts).await;
+        let (first, _) = c.expect("the first packet").await;
+        let (again, _) = c.expect("the first packet again").await;
+        assert_eq!(again, first);
+        t.idle().await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(1200), "slot held {took:?}");
+        assert!(c.recv(Duration::from_millis(300)).await.is_none());
     }
-    assert_eq!(copies, retries + 1);
+    assert_eq!(t.stats.first_ack_timeouts.get(), 2);
+    assert_eq!(t.stats.retransmits.get(), 2);
+    assert_eq!(t.stats.failed.get(), 0);
+    assert!(
+        t.metrics()
+            .contains("pxed_tftp_first_ack_timeouts_total 2\n")
+    );
 }
 
 #[tokio::test]
 async fn a_client_whose_port_closed_ends_the_transfer_at_once() {
-    // With 20 retries a silent client holds its slot for 20 timeouts (4 s); a
-    // client whose port is closed answers the first resend with ICMP port
-    // unreachable, and that ends the transfer.
+    // With 20 retries a silent client holds its slot for 20 timeouts (4 s) once it
+    // has answered; a client whose port is closed answers the first resend with
+    // ICMP port unreachable, and that ends the transfer.
     let t = Tftp::start(settings(20, 8)).await;
     t.random_file("f", 5000);
     let c = Raw::new().await;
     c.rrq(t.addr, "f", &[]).await;
-    let (p, _) = c.expect("DATA 1").await;
+    let (p, tid) = c.expect("DATA 1").await;
     assert_data(&p, 1);
+    c.ack(tid, 1).await;
+    assert_data(&c.expect("DATA 2").await.0, 2);
     let started = Instant::now();
     drop(c);
     t.idle().await;
