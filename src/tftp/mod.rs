@@ -7,14 +7,16 @@
 //! are counted and dropped. A client ERROR (UEFI sends code 8 after its tsize
 //! probe) ends the transfer at once.
 //!
-//! Hostile clients are bounded: a transfer whose client never answers its first
-//! packet is given up within a second, and until the client answers it holds no
-//! thread. Only regular files under the root are served, and opening one never
-//! waits (see `path`).
+//! Hostile clients are bounded: a few transfers per client address, a transfer
+//! whose client never answers its first packet is given up within a second, and
+//! until the client answers a transfer holds no thread and can be ended to make
+//! room for a newcomer (see `admission`). Only regular files under the root are
+//! served, and opening one never waits (see `path`).
 //!
 //! Written here rather than taken from async-tftp, which leaves dead transfers
 //! after such an ERROR and runs a second runtime.
 
+mod admission;
 mod options;
 mod packet;
 mod path;
@@ -57,11 +59,18 @@ pub struct TftpStats {
     pub refused: Counter,
     /// Of `refused`: a directory, FIFO, socket or device was asked for.
     pub not_regular: Counter,
-    /// Requests refused because `max_transfers` were in flight.
+    /// Requests refused because `max_transfers` were in flight, none of them
+    /// half-open.
     pub busy: Counter,
+    /// Requests refused because their client address had its limit of transfers
+    /// in flight.
+    pub busy_client: Counter,
     /// Transfers given up because the client never acknowledged the OACK or DATA 1
     /// (not counted in `failed`).
     pub first_ack_timeouts: Counter,
+    /// Half-open transfers ended to make room for a new request (not counted in
+    /// `failed`).
+    pub evicted: Counter,
     /// Packets at the listening port that were not a valid request.
     pub malformed_dropped: Counter,
     /// Receive errors on the listening socket that were not transient (logged; the
@@ -127,9 +136,21 @@ impl Render for TftpStats {
         );
         c(
             out,
+            "busy_client",
+            "TFTP requests refused at the per-client transfer limit.",
+            &self.busy_client,
+        );
+        c(
+            out,
             "first_ack_timeouts",
             "TFTP transfers whose client never acknowledged the first packet.",
             &self.first_ack_timeouts,
+        );
+        c(
+            out,
+            "evicted",
+            "Half-open TFTP transfers ended to make room for a new request.",
+            &self.evicted,
         );
         c(
             out,
@@ -184,6 +205,6 @@ mod tests {
         s.render(&mut out);
         assert!(out.contains("pxed_tftp_busy_total 1\n"), "{out}");
         assert!(out.contains("pxed_tftp_active_transfers 1\n"), "{out}");
-        assert_eq!(out.matches("# TYPE").count(), 14);
+        assert_eq!(out.matches("# TYPE").count(), 16);
     }
 }

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::admission::{Admission, Refused, Ticket};
 use super::options::{Negotiated, negotiate};
 use super::packet::{self, ClientPacket, ErrorCode, MAX_REQUEST, Mode};
 use super::path::Refusal;
@@ -25,6 +25,12 @@ use crate::config::TftpSettings;
 /// holds at most this (about twice) per transfer slot. Netascii is a relic (boot
 /// loaders ask for octet): this covers iPXE scripts and boot-loader menus.
 const MAX_NETASCII: u64 = 64 << 10;
+
+/// Transfers one client address may have in flight. UEFI firmware has two at most
+/// (its tsize probe ends with an ERROR as the real request comes), iPXE and BIOS
+/// ROMs one; the cap keeps one address (or one forged address) from taking the
+/// slots of the others. Clients behind one NAT address share it.
+const MAX_PER_CLIENT: usize = 4;
 
 /// How long a half-open transfer waits for the client's first ACK (of the OACK or
 /// DATA 1), per try; at most the transfer's timeout.
@@ -71,7 +77,7 @@ pub async fn serve(
         settings: settings.clone(),
         stats: stats.clone(),
     });
-    let slots = Arc::new(Semaphore::new(settings.max_transfers));
+    let admission = Admission::new(settings.max_transfers, MAX_PER_CLIENT);
     let transfers = TaskTracker::new();
     let mut buf = vec![0u8; MAX_REQUEST + 1];
     let mut cmsg = nix::cmsg_space!(libc::in_pktinfo);
@@ -123,12 +129,27 @@ pub async fn serve(
             let _ = socket.send_to(&out, peer).await;
             continue;
         }
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            stats.busy.inc();
-            tracing::warn!(%peer, file = %name, max = settings.max_transfers, "TFTP busy");
-            packet::encode_error(&mut out, ErrorCode::Undefined, "server busy");
-            let _ = socket.send_to(&out, peer).await;
-            continue;
+        let ticket = match admission.admit(peer.ip()) {
+            Ok(ticket) => ticket,
+            Err(Refused::Client) => {
+                // Counted; logged at debug, as a flood would log a line per packet.
+                stats.busy_client.inc();
+                tracing::debug!(%peer, file = %name, max = MAX_PER_CLIENT, "TFTP client at its transfer limit");
+                packet::encode_error(
+                    &mut out,
+                    ErrorCode::Undefined,
+                    "server busy (per-client limit)",
+                );
+                let _ = socket.send_to(&out, peer).await;
+                continue;
+            }
+            Err(Refused::Full) => {
+                stats.busy.inc();
+                tracing::warn!(%peer, file = %name, max = settings.max_transfers, "TFTP busy");
+                packet::encode_error(&mut out, ErrorCode::Undefined, "server busy");
+                let _ = socket.send_to(&out, peer).await;
+                continue;
+            }
         };
         let local_ip = dst.unwrap_or(local.ip());
         let owned = OwnedRequest {
@@ -144,8 +165,8 @@ pub async fn serve(
         stats.active.inc();
         let active = ActiveGuard(stats.clone());
         transfers.spawn(async move {
-            let _held: (OwnedSemaphorePermit, ActiveGuard) = (permit, active);
-            transfer(&ctx, peer, local_ip, owned, cancel).await;
+            let _active = active;
+            transfer(&ctx, peer, local_ip, owned, ticket, cancel).await;
         });
     };
     transfers.close();
@@ -418,6 +439,8 @@ enum End {
     ClientGone,
     /// The client never acknowledged the OACK or DATA 1.
     FirstAckTimeout,
+    /// Half-open, and a newcomer took the slot (see `admission`).
+    Evicted,
     TimedOut,
     Cancelled,
     Io(io::Error),
@@ -463,6 +486,11 @@ impl End {
                 stats.first_ack_timeouts.inc();
                 tracing::debug!(%peer, file = %name, "TFTP client never answered");
             }
+            End::Evicted => {
+                stats.evicted.inc();
+                tracing::debug!(%peer, file = %name, "half-open TFTP transfer ended for a newcomer");
+                return Some("server busy");
+            }
             End::TimedOut => {
                 stats.failed.inc();
                 tracing::warn!(%peer, file = %name, retries, "TFTP transfer timed out");
@@ -487,6 +515,7 @@ async fn transfer(
     peer: SocketAddr,
     local: IpAddr,
     req: OwnedRequest,
+    ticket: Ticket,
     cancel: CancellationToken,
 ) {
     let stats = &ctx.stats;
@@ -543,7 +572,7 @@ async fn transfer(
         neg,
         cancel,
     };
-    let mut run = std::pin::pin!(job.run(data));
+    let mut run = std::pin::pin!(job.run(data, &ticket));
     tokio::select! {
         // CANCEL-SAFETY: `run` is pinned and polled again below if strays end first.
         () = &mut run => {}
@@ -577,12 +606,14 @@ impl Job<'_> {
     /// Waits for the client's first ACK on this task, then runs the data phase on
     /// a blocking thread. Until the client has answered a transfer costs a task,
     /// two sockets and an open file, never a thread: requests from forged addresses
-    /// must be cheap to hold.
-    async fn run(self, data: UdpSocket) {
+    /// must be cheap to hold and to end.
+    async fn run(self, data: UdpSocket, ticket: &Ticket) {
         let (stats, peer) = (self.ctx.stats.clone(), self.peer);
         let retries = self.ctx.settings.retries;
-        let answered = match self.first_ack(&data).await {
+        let answered = match self.first_ack(&data, ticket).await {
             Ok(Answered::Done) => Err(End::Completed),
+            // The newcomer's eviction raced the ACK: the slot is gone.
+            Ok(_) if !ticket.answered() => Err(End::Evicted),
             other => other,
         };
         let start = match answered {
@@ -651,7 +682,7 @@ impl Job<'_> {
     /// Sends the OACK, or DATA 1 without options, and waits for its ACK:
     /// `FIRST_ACK_TRIES` sends, `FIRST_ACK_WAIT` (at most the transfer's timeout)
     /// after each.
-    async fn first_ack(&self, sock: &UdpSocket) -> Result<Answered, End> {
+    async fn first_ack(&self, sock: &UdpSocket, ticket: &Ticket) -> Result<Answered, End> {
         let mut first = Vec::new();
         let (want, answered) = if self.neg.oack.is_empty() {
             // One block of at most 512 bytes, read on this task: see
@@ -687,6 +718,8 @@ impl Job<'_> {
                     biased;
                     // CANCEL-SAFETY: only waits.
                     () = self.cancel.cancelled() => return Err(End::Cancelled),
+                    // CANCEL-SAFETY: only waits.
+                    () = ticket.evicted().cancelled() => return Err(End::Evicted),
                     // CANCEL-SAFETY: only waits.
                     () = tokio::time::sleep_until(deadline) => break,
                     // CANCEL-SAFETY: recv takes a datagram only when it returns it.

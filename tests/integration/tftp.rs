@@ -696,8 +696,12 @@ async fn over_the_limit_is_busy() {
     t.random_file("f", 5000);
     let a = Raw::new().await;
     a.rrq(t.addr, "f", &[]).await;
-    assert_data(&a.expect("DATA 1").await.0, 1);
-    let b = Raw::new().await;
+    let (p, tid) = a.expect("DATA 1").await;
+    assert_data(&p, 1);
+    // Answered, so not a transfer a newcomer can take the slot of.
+    a.ack(tid, 1).await;
+    assert_data(&a.expect("DATA 2").await.0, 2);
+    let b = Raw::new_on("127.0.0.2:0").await;
     b.rrq(t.addr, "f", &[]).await;
     let (p, from) = b.expect("busy").await;
     assert_error(&p, 0);
@@ -779,6 +783,204 @@ async fn wildcard_listener_replies_from_the_contacted_address() {
     }
     t.idle().await;
     assert_eq!(t.stats.completed.get(), 2);
+}
+
+/// Threads of this process (the test binary: the server runs in it).
+fn threads() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// Samples `threads()` every few milliseconds until dropped; keeps the highest.
+struct ThreadPeak {
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ThreadPeak {
+    fn start() -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let peak = Arc::new(AtomicUsize::new(threads()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(threads(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        ThreadPeak { peak, stop }
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for ThreadPeak {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 10, finding 6: 300 requests that never acknowledge, from 100 addresses
+/// (under the per-client limit, as forged addresses would be), more than the
+/// default 256 slots. A real client is still served at once, and the half-open
+/// transfers hold no thread each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_flood_does_not_delay_a_real_client() {
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 256,
+        timeout: Duration::from_secs(1),
+        retries: 5,
+    })
+    .await;
+    let data = t.random_file("snponly.efi", 200_000);
+    let before = threads();
+    let peak = ThreadPeak::start();
+    let mut flood = Vec::new();
+    for i in 0..300u32 {
+        let c = Raw::new_on(&format!("127.0.0.{}:0", 10 + i / 3)).await;
+        // Half ask for options (OACK first), half not (DATA 1 first).
+        let opts: &[(&str, &str)] = if i % 2 == 0 {
+            &[("tsize", "0"), ("blksize", "1468")]
+        } else {
+            &[]
+        };
+        c.rrq(t.addr, "snponly.efi", opts).await;
+        // Kept open: a closed port would end its transfer at once.
+        flood.push(c);
+    }
+    let all = async || (t.stats.requests.get() == 300).then_some(());
+    assert!(poll(Duration::from_secs(5), all).await.is_some());
+    let out = tempfile::tempdir().unwrap();
+    let got = out.path().join("got");
+    let started = Instant::now();
+    curl(t.port(), "snponly.efi", &got, 1468).await;
+    let took = started.elapsed();
+    same(&got, &data, "during the flood");
+    assert!(took < Duration::from_secs(1), "served after {took:?}");
+    // Every half-open transfer ends within about a second of its request.
+    let done = async || (t.stats.active.get() == 0).then_some(());
+    assert!(
+        poll(Duration::from_secs(2), done).await.is_some(),
+        "{}",
+        t.metrics()
+    );
+    let peak = peak.peak();
+    assert!(
+        peak < before + 40,
+        "threads: {before} before the flood, {peak} at its peak"
+    );
+    let s = &t.stats;
+    assert_eq!(s.completed.get(), 1);
+    assert_eq!(s.busy.get(), 0);
+    assert_eq!(s.evicted.get() + s.first_ack_timeouts.get(), 300);
+    assert!(s.evicted.get() >= 300 - 256, "{}", t.metrics());
+    eprintln!("threads: {before} before the flood, {peak} at its peak; curl took {took:?}");
+}
+
+/// One address gets `MAX_PER_CLIENT` (4) transfers; beyond that it is told busy,
+/// while another address is served.
+#[tokio::test]
+async fn one_client_address_gets_at_most_four_transfers() {
+    // A timeout of 1 s keeps the half-open transfers for a second.
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 64,
+        timeout: Duration::from_secs(1),
+        retries: 3,
+    })
+    .await;
+    t.random_file("f", 5000);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let c = Raw::new_on("127.0.0.2:0").await;
+        c.rrq(t.addr, "f", &[]).await;
+        let (p, tid) = c.expect("DATA 1").await;
+        assert_data(&p, 1);
+        held.push((c, tid));
+    }
+    let fifth = Raw::new_on("127.0.0.2:0").await;
+    fifth.rrq(t.addr, "f", &[]).await;
+    let (p, from) = fifth.expect("busy").await;
+    assert_error(&p, 0);
+    assert_eq!(&p[4..p.len() - 1], b"server busy (per-client limit)");
+    assert_eq!(from, t.addr);
+    let other = Raw::new_on("127.0.0.3:0").await;
+    other.rrq(t.addr, "f", &[]).await;
+    assert_data(&other.expect("DATA 1 for another address").await.0, 1);
+    // A transfer of the first address ends: it may start another.
+    let (c, tid) = held.pop().unwrap();
+    c.sock.send_to(b"\0\x05\0\x00done\0", tid).await.unwrap();
+    let again = async || {
+        fifth.rrq(t.addr, "f", &[]).await;
+        let (p, _) = fifth.expect("an answer").await;
+        (opcode(&p) == 3).then_some(())
+    };
+    assert!(poll(Duration::from_secs(2), again).await.is_some());
+    assert!(t.stats.busy_client.get() >= 1);
+    assert_eq!(t.stats.busy.get(), 0);
+    assert!(t.metrics().contains(&format!(
+        "pxed_tftp_busy_client_total {}\n",
+        t.stats.busy_client.get()
+    )));
+}
+
+/// With every slot taken, a newcomer ends the oldest half-open transfer (whose
+/// client is told busy), never one whose client has answered.
+#[tokio::test]
+async fn a_newcomer_takes_the_slot_of_the_oldest_half_open_transfer() {
+    // A timeout of 1 s keeps the half-open transfers for a second.
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 3,
+        timeout: Duration::from_secs(1),
+        retries: 3,
+    })
+    .await;
+    t.random_file("f", 5000);
+    let answered = Raw::new_on("127.0.0.2:0").await;
+    answered.rrq(t.addr, "f", &[]).await;
+    let (p, tid) = answered.expect("DATA 1").await;
+    assert_data(&p, 1);
+    answered.ack(tid, 1).await;
+    assert_data(&answered.expect("DATA 2").await.0, 2);
+    let old = Raw::new_on("127.0.0.3:0").await;
+    old.rrq(t.addr, "f", &[]).await;
+    assert_data(&old.expect("DATA 1").await.0, 1);
+    let young = Raw::new_on("127.0.0.4:0").await;
+    young.rrq(t.addr, "f", &[("blksize", "1024")]).await;
+    let (p, young_tid) = young.expect("OACK").await;
+    oack_options(&p);
+    let new = Raw::new_on("127.0.0.5:0").await;
+    new.rrq(t.addr, "f", &[]).await;
+    let (p, tid) = new.expect("DATA 1 for the newcomer").await;
+    assert_data(&p, 1);
+    let (p, _) = old.expect("busy for the oldest half-open").await;
+    assert_error(&p, 0);
+    assert_eq!(t.stats.evicted.get(), 1);
+    // Once the newcomer has answered, nobody half-open is left to end.
+    new.ack(tid, 1).await;
+    assert_data(&new.expect("DATA 2").await.0, 2);
+    young.ack(young_tid, 0).await;
+    let p = loop {
+        let (p, _) = young.expect("DATA 1 after the OACK").await;
+        // Skip a resent OACK.
+        if opcode(&p) != 6 {
+            break p;
+        }
+    };
+    assert_data(&p, 1);
+    let late = Raw::new_on("127.0.0.6:0").await;
+    late.rrq(t.addr, "f", &[]).await;
+    let (p, _) = late.expect("busy").await;
+    assert_error(&p, 0);
+    assert_eq!(&p[4..p.len() - 1], b"server busy");
+    assert_eq!(t.stats.busy.get(), 1);
+    assert_eq!(t.stats.evicted.get(), 1);
 }
 
 /// Opens the FIFO for writing without waiting, which releases a reader blocked in
