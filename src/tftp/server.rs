@@ -32,6 +32,12 @@ const MAX_NETASCII: u64 = 64 << 10;
 /// slots of the others. Clients behind one NAT address share it.
 const MAX_PER_CLIENT: usize = 4;
 
+/// Files opened at once on the blocking pool. An open never waits (see
+/// `path::open`), so a few suffice; unbounded, a burst of requests starts a pool
+/// thread for each open still running when the next comes (a 600-request burst
+/// started about 60, idle for 10 s after).
+const OPENS: usize = 4;
+
 /// How long a half-open transfer waits for the client's first ACK (of the OACK or
 /// DATA 1), per try; at most the transfer's timeout.
 const FIRST_ACK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
@@ -76,6 +82,7 @@ pub async fn serve(
         root,
         settings: settings.clone(),
         stats: stats.clone(),
+        opens: tokio::sync::Semaphore::new(OPENS),
     });
     let admission = Admission::new(settings.max_transfers, MAX_PER_CLIENT);
     let transfers = TaskTracker::new();
@@ -182,6 +189,8 @@ struct Ctx {
     root: PathBuf,
     settings: TftpSettings,
     stats: Arc<TftpStats>,
+    /// Opens on the blocking pool at once (see `OPENS`).
+    opens: tokio::sync::Semaphore,
 }
 
 struct OwnedRequest {
@@ -531,8 +540,11 @@ async fn transfer(
     let root = ctx.root.clone();
     let filename = req.filename;
     let netascii = req.netascii;
-    // A pool thread for a few system calls: opening never waits (see `path::open`).
-    let opened = tokio::task::spawn_blocking(move || open(&root, &filename, netascii)).await;
+    let opened = {
+        // The semaphore is never closed.
+        let _permit = ctx.opens.acquire().await;
+        tokio::task::spawn_blocking(move || open(&root, &filename, netascii)).await
+    };
     let (source, size) = match opened {
         Ok(Ok(s)) => s,
         Ok(Err(f)) => {
