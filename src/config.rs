@@ -73,6 +73,9 @@ pub struct Wire {
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
     pub hostname_prefix: Option<String>,
+    /// Serve the status page (`/`, `/status.json`, `/nodes/…`, `/events`) without
+    /// the API token. Off by default: it lists every node's MACs and state.
+    pub status_public: Option<bool>,
     /// OpenSSH public keys for root on every installed or deployed system (images may
     /// add their own).
     pub ssh_authorized_keys: Option<Vec<String>>,
@@ -357,6 +360,8 @@ pub struct Config {
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
     pub hostname_prefix: String,
+    /// The status page needs no token (see [`Wire::status_public`]).
+    pub status_public: bool,
     /// OpenSSH public keys for root on every installed or deployed system.
     pub ssh_authorized_keys: Vec<String>,
     #[serde(serialize_with = "mask")]
@@ -753,6 +758,8 @@ fn demo_defaults() -> toml::Table {
         tftp = "127.0.0.1:6969"
         server_ip = "127.0.0.1"
         mirror_base = "http://127.0.0.1:8080/images/"
+        // Loopback only: the board opens without a token.
+        status_public = true
     }
 }
 
@@ -783,6 +790,7 @@ pub const ENV_KEYS: &[&str] = &[
     "mirror_base",
     "default_image",
     "hostname_prefix",
+    "status_public",
     "ssh_authorized_keys",
     "api_token",
     "api_token_file",
@@ -1140,6 +1148,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         mirror_base: w.mirror_base,
         default_image: w.default_image,
         hostname_prefix: w.hostname_prefix.unwrap_or_else(|| "node-".into()),
+        status_public: w.status_public.unwrap_or(false),
         ssh_authorized_keys,
         api_token,
         dhcp: DhcpConfig {

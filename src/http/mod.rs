@@ -32,7 +32,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/boot/{file}", get(boot_script))
         .nest("/api/v1", api::routes(state.clone()))
         .merge(agent::routes())
-        .merge(status::routes())
+        .merge(status::routes(state.clone()))
         .nest_service("/ipxe", ServeDir::new(&state.cfg.ipxe_dir))
         .nest_service("/images", ServeDir::new(&state.cfg.images_dir))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))

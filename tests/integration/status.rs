@@ -142,3 +142,64 @@ async fn events_stream_every_change() {
     assert!(seen.contains("event: node"), "{seen}");
     assert!(seen.contains(&format!("\"node_id\":{}", n["id"])), "{seen}");
 }
+
+/// Outside the demo the board lists nothing without a credential: the API token as a
+/// bearer token, or once in the URL, which trades it for a read-only viewer cookie
+/// (it used to serve every node's MACs and state to anyone on the VLAN).
+#[tokio::test]
+async fn the_board_needs_a_credential_unless_opened() {
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", TOKEN), ("PXED_STATUS_PUBLIC", "false")],
+    );
+    pxed::net::install_crypto_provider();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for path in ["/", "/status.json", "/events", "/nodes/1"] {
+        let r = http.get(d.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("needs the API token"), "{path}: {body}");
+    }
+    let r = http
+        .get(d.url("/status.json"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http.get(d.url("/?token=wrong")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(d.url(&format!("/?token={TOKEN}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/");
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && !cookie.contains(TOKEN),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let r = http
+        .get(d.url("/status.json"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The viewer cookie is not an API credential.
+    let value = pair.split('=').nth(1).unwrap();
+    let r = http
+        .get(d.url("/api/v1/nodes"))
+        .bearer_auth(value)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+}
