@@ -33,8 +33,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .nest("/api/v1", api::routes(state.clone()))
         .merge(agent::routes())
         .merge(status::routes(state.clone()))
-        .nest_service("/ipxe", ServeDir::new(&state.cfg.ipxe_dir))
-        .nest_service("/images", ServeDir::new(&state.cfg.images_dir))
+        .nest_service("/ipxe", files(&state.cfg.ipxe_dir))
+        .nest_service("/images", files(&state.cfg.images_dir))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -117,6 +117,53 @@ impl crate::metrics::Render for ConnStats {
 /// Paths a connection from the reserve may use.
 fn reserved_path(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics") || path.starts_with("/api/")
+}
+
+/// Static files under `root` (Range, ETag, HEAD through tower-http's `ServeDir`), but
+/// only regular files whose real path lies inside `root`: a FIFO or device would
+/// hang a reader thread, and a symlink must not lead out of the served tree.
+fn files(
+    root: &std::path::Path,
+) -> impl tower::Service<
+    axum::extract::Request,
+    Response = Response,
+    Error = std::convert::Infallible,
+    Future = impl Send + 'static,
+> + Clone
++ Send
++ 'static {
+    let root = Arc::new(root.to_owned());
+    let serve = ServeDir::new(&*root);
+    tower::Layer::layer(
+        &axum::middleware::from_fn_with_state(root, regular_files_only),
+        serve,
+    )
+}
+
+async fn regular_files_only(
+    State(root): State<Arc<std::path::PathBuf>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let rel = percent_encoding::percent_decode_str(req.uri().path())
+        .decode_utf8_lossy()
+        .trim_start_matches('/')
+        .to_string();
+    let allowed = tokio::task::spawn_blocking(move || {
+        let root = std::fs::canonicalize(&*root).ok()?;
+        let real = std::fs::canonicalize(root.join(&rel)).ok()?;
+        // metadata() follows links: `real` has none left, so this is the file itself.
+        let meta = std::fs::metadata(&real).ok()?;
+        Some(real.starts_with(&root) && meta.is_file())
+    })
+    .await
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    if !allowed {
+        return (StatusCode::NOT_FOUND, "not found\n").into_response();
+    }
+    next.run(req).await
 }
 
 /// Serves until `cancel` fires, then drains open connections. Every connection has a

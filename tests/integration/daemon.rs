@@ -355,3 +355,41 @@ fn sighup_rereads_the_configuration() {
     let mut d = d;
     assert!(d.child.try_wait().unwrap().is_none(), "pxed died of SIGHUP");
 }
+
+/// HTTP serves regular files inside its trees only: a FIFO (which would hang a reader
+/// thread), a directory and a symlink leading out are 404 at once; a symlink inside
+/// the tree is served.
+#[test]
+fn http_serves_regular_files_inside_the_tree_only() {
+    let tree = tempfile::tempdir().unwrap();
+    let t = tree.path();
+    std::fs::write(t.join("snponly.efi"), b"real file").unwrap();
+    std::os::unix::fs::symlink("snponly.efi", t.join("alias.efi")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", t.join("passwd")).unwrap();
+    std::fs::create_dir(t.join("sub")).unwrap();
+    nix::unistd::mkfifo(&t.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let d = Daemon::start(&["--ipxe-dir", t.to_str().unwrap()]);
+    let code = |path: &str| {
+        let (_, out, _) = curl(&[
+            "-s",
+            "--max-time",
+            "2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &d.url(path),
+        ]);
+        out
+    };
+    assert_eq!(code("/ipxe/snponly.efi"), "200");
+    assert_eq!(code("/ipxe/alias.efi"), "200");
+    for refused in [
+        "/ipxe/fifo",
+        "/ipxe/passwd",
+        "/ipxe/sub",
+        "/ipxe/..%2f..%2fetc%2fpasswd",
+    ] {
+        assert_eq!(code(refused), "404", "{refused}");
+    }
+}
