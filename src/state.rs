@@ -39,7 +39,7 @@ pub struct AppState {
     /// Unknown netboot clients seen by DHCP become `discovered` nodes.
     pub discovery: Discovery,
     /// HTTP connection limits (from the open-files limit at start).
-    pub conn_limits: crate::http::ConnLimits,
+    pub conn_limits: crate::net::ConnLimits,
 }
 
 impl AppState {
@@ -64,7 +64,7 @@ impl AppState {
             renders: Mutex::new(vec![store_health]),
             shutdown: cancel,
             discovery: Discovery::new(discovery),
-            conn_limits: crate::http::ConnLimits::for_fd_limit(crate::net::fd_limit()),
+            conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
         })
     }
 

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::services::ServeDir;
 
 use crate::model::Mac;
+use crate::net::ConnLimits;
 use crate::script;
 use crate::state::AppState;
 
@@ -46,30 +47,6 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Header-read timeout of a connection taken from the reserve (see [`ConnLimits`]).
 pub const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How many connections HTTP holds at once, and how many of those are kept for the
-/// API, health and metrics when the rest are taken (by a flood of idle connections,
-/// say). Connections beyond both are closed at once and counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnLimits {
-    pub max: usize,
-    pub reserve: usize,
-}
-
-impl ConnLimits {
-    /// Limits that fit the process's file-descriptor limit: at most half of it goes
-    /// to HTTP connections (TFTP transfers, the store and BMC calls need the rest),
-    /// and at most 4,096.
-    pub fn for_fd_limit(nofile: u64) -> ConnLimits {
-        let max = usize::try_from(nofile / 2)
-            .unwrap_or(usize::MAX)
-            .clamp(16, 4096);
-        ConnLimits {
-            max,
-            reserve: (max / 16).max(4),
-        }
-    }
-}
 
 /// HTTP connection counters, rendered at `/metrics`.
 #[derive(Debug, Default)]
@@ -178,7 +155,7 @@ pub async fn serve(
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tokio::sync::Semaphore;
 
-    let limits = state.conn_limits;
+    let limits: ConnLimits = state.conn_limits;
     let stats = Arc::new(ConnStats::default());
     state.renders.lock().expect("lock").push(stats.clone());
     let app = router(state);
