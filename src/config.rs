@@ -1574,7 +1574,7 @@ mod tests {
     fn every_range_is_enforced_at_both_ends() {
         for (pattern, range) in BOUNDS {
             // A map key stands for any of its keys: take one that validation accepts.
-            let key = pattern.replace('*', "installing");
+            let key = pattern.replace('*', State::Installing.as_str());
             let var = format!("PXED_{}", key.replace('.', "__").to_ascii_uppercase());
             let (inside, outside) = match *range {
                 Range::Duration { min, max } => {
@@ -1632,8 +1632,8 @@ mod tests {
             for (pattern, _) in BOUNDS {
                 assert!(ENV_KEYS.contains(pattern), "{pattern} is not in ENV_KEYS");
                 assert!(
-                    seen.iter()
-                        .any(|k| range_of(k) == range_of(&pattern.replace('*', "installing"))),
+                    seen.iter().any(|k| range_of(k)
+                        == range_of(&pattern.replace('*', State::Installing.as_str()))),
                     "{pattern} is not in the config"
                 );
             }

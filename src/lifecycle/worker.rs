@@ -545,7 +545,11 @@ mod tests {
         );
         assert_eq!(
             e.labels(),
-            ["redfish", "set_netboot", "override_not_applied"]
+            [
+                Driver::Redfish.as_str(),
+                BmcStep::SetNetboot.as_str(),
+                "override_not_applied"
+            ]
         );
 
         let e = BmcCallError::new(BmcStep::PowerCycle, ConnectError::NoBmc);
