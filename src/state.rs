@@ -38,6 +38,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Unknown netboot clients seen by DHCP become `discovered` nodes.
     pub discovery: Discovery,
+    /// Status-page event streams open at once (bounded).
+    pub subscribers: Arc<tokio::sync::Semaphore>,
     /// HTTP connection limits (from the open-files limit at start).
     pub conn_limits: crate::net::ConnLimits,
 }
@@ -65,6 +67,9 @@ impl AppState {
             shutdown: cancel,
             discovery: Discovery::new(discovery),
             conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
+            subscribers: Arc::new(tokio::sync::Semaphore::new(
+                crate::http::status::MAX_SUBSCRIBERS,
+            )),
         })
     }
 

@@ -160,6 +160,15 @@ async fn create_node(
     if macs.is_empty() {
         return Err(ApiError::bad_request("a node needs at least one MAC"));
     }
+    // Nodes are found by id, MAC, name or hostname, in that order: a name that reads
+    // as an id or a MAC would be shadowed by it.
+    if let Some(name) = &req.name
+        && (name.parse::<i64>().is_ok() || name.parse::<Mac>().is_ok() || name.trim().is_empty())
+    {
+        return Err(ApiError::bad_request(format!(
+            "name `{name}` reads as a node id or a MAC address (or is empty); choose another"
+        )));
+    }
     if let Some(m) = req.boot_mac
         && !macs.contains(&m)
     {

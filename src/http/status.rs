@@ -15,7 +15,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use futures::Stream;
 use serde::Serialize;
 
 use super::api::{NodeView, view};
@@ -181,11 +180,23 @@ fn render(t: impl Template) -> Result<Response, ApiError> {
 }
 
 /// `GET /events`: one SSE message per committed change.
-async fn events(
-    State(st): State<Arc<AppState>>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// Most status pages streaming at once; each holds a connection and a subscription.
+pub const MAX_SUBSCRIBERS: usize = 64;
+
+async fn events(State(st): State<Arc<AppState>>) -> Response {
+    let Ok(permit) = st.subscribers.clone().try_acquire_owned() else {
+        return ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "{MAX_SUBSCRIBERS} status pages are streaming already; /status.json still answers"
+            ),
+        )
+        .into_response();
+    };
     let rx = st.lifecycle.subscribe();
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
+    // The permit lives as long as the stream's state.
+    let stream = futures::stream::unfold((rx, permit), |(mut rx, permit)| async move {
         let event = match rx.recv().await {
             Ok(c) => Event::default()
                 .event("node")
@@ -196,9 +207,11 @@ async fn events(
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
         };
-        Some((Ok(event), rx))
+        Some((Ok::<_, Infallible>(event), (rx, permit)))
     });
     // Ends on shutdown: an open page must not hold SIGTERM for the drain deadline.
     let stream = futures::StreamExt::take_until(stream, st.shutdown.clone().cancelled_owned());
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }

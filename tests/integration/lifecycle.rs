@@ -725,6 +725,22 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
     assert_eq!(r.status(), 413);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"], "too_large");
+    // Names that would be shadowed by an id or a MAC.
+    for name in ["42", "52-54-00-aa-bb-99", " "] {
+        let (s, v) = h
+            .api(
+                reqwest::Method::POST,
+                "/nodes",
+                Some(json!({"macs": ["52:54:00:aa:bb:98"], "name": name})),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (400, Some("bad_request")),
+            "{name}: {v}"
+        );
+    }
     // Duplicate MAC.
     let (s, _) = h
         .api(

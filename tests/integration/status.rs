@@ -203,3 +203,37 @@ async fn the_board_needs_a_credential_unless_opened() {
         .unwrap();
     assert_eq!(r.status(), 401);
 }
+
+/// Status-page streams are bounded: beyond the cap a new one gets a JSON 503 while
+/// the snapshot still answers, and a closed stream frees its slot.
+#[tokio::test]
+async fn event_streams_are_bounded() {
+    use std::io::{Read, Write};
+    let d = Daemon::start(&[]);
+    let open = || {
+        let mut c = std::net::TcpStream::connect(&d.http).unwrap();
+        c.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut head = [0u8; 64];
+        let n = c.read(&mut head).unwrap();
+        (c, String::from_utf8_lossy(&head[..n]).to_string())
+    };
+    let mut streams = Vec::new();
+    for _ in 0..pxed::http::status::MAX_SUBSCRIBERS {
+        let (c, head) = open();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        streams.push(c);
+    }
+    let (_, head) = open();
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    let (ok, body, _) =
+        crate::common::run(Command::new("curl").args(["-sf", &d.url("/status.json")]));
+    assert!(ok && body.contains("\"nodes\""), "{body}");
+    drop(streams.pop());
+    let freed = crate::common::poll_blocking(Duration::from_secs(5), || {
+        let (c, head) = open();
+        head.starts_with("HTTP/1.1 200").then_some(c)
+    });
+    assert!(freed.is_some(), "a closed stream did not free its slot");
+}
