@@ -104,7 +104,7 @@ impl Store {
             .await?;
         }
         if let Some((b, password)) = &n.bmc {
-            set_bmc_tx(&mut tx, id, b, Some(password)).await?;
+            set_bmc_tx(&mut tx, &self.key, id, b, Some(password)).await?;
         }
         let e = Audit::new(id, 0, "registered", n.state, actor);
         append_event(&mut tx, &e).await?;
@@ -237,14 +237,42 @@ impl Store {
         )
     }
 
-    /// The BMC password of a node. Only the BMC worker calls this.
+    /// The BMC password of a node, opened with the secret key. Only the BMC worker
+    /// calls this.
     pub async fn bmc_secret(&self, node_id: i64) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar!(
+        let stored = sqlx::query_scalar!(
             "SELECT password FROM bmc_secrets WHERE node_id = ?",
             node_id
         )
         .fetch_optional(&self.pool)
-        .await?)
+        .await?;
+        Ok(stored.map(|s| self.key.open(node_id, &s)).transpose()?)
+    }
+
+    /// Seals passwords stored in plain text by a pxed from before sealing.
+    pub(super) async fn seal_plaintext_secrets(&self) -> Result<(), StoreError> {
+        let rows = sqlx::query!("SELECT node_id, password FROM bmc_secrets")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut sealed = 0;
+        for r in rows {
+            if super::secrets::SecretKey::is_sealed(&r.password) {
+                continue;
+            }
+            let s = self.key.seal(r.node_id, &r.password);
+            sqlx::query!(
+                "UPDATE bmc_secrets SET password = ? WHERE node_id = ?",
+                s,
+                r.node_id
+            )
+            .execute(&self.pool)
+            .await?;
+            sealed += 1;
+        }
+        if sealed > 0 {
+            tracing::info!(sealed, "sealed BMC passwords stored in plain text");
+        }
+        Ok(())
     }
 
     /// Stores the TLS fingerprint pinned on first use.
@@ -535,6 +563,7 @@ async fn put_idempotent(
 
 async fn set_bmc_tx(
     tx: &mut Transaction<'_, Sqlite>,
+    key: &super::secrets::SecretKey,
     node_id: i64,
     b: &BmcRow,
     password: Option<&String>,
@@ -556,6 +585,7 @@ async fn set_bmc_tx(
     .execute(&mut **tx)
     .await?;
     if let Some(p) = password {
+        let p = key.seal(node_id, p);
         sqlx::query!(
             r#"INSERT INTO bmc_secrets (node_id, password) VALUES (?, ?)
                ON CONFLICT (node_id) DO UPDATE SET password = excluded.password"#,
