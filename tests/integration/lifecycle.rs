@@ -20,7 +20,7 @@ use pxed::state::AppState;
 use pxed::store::Store;
 use serde_json::{Value, json};
 
-use crate::common::poll;
+use crate::common::{poll, until};
 use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "test-api-token";
@@ -31,6 +31,8 @@ pub struct RecordingBmc {
     pub calls: Mutex<Vec<String>>,
     pub fail_cycles: AtomicU32,
     pub hang: bool,
+    /// When set, a power cycle waits for a permit here before it answers.
+    pub gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl RecordingBmc {
@@ -78,6 +80,7 @@ impl Bmc for RecordingBmc {
     fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
         self.record("power_cycle");
         let hang = self.hang;
+        let gate = self.gate.clone();
         let fail = self
             .fail_cycles
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -85,6 +88,9 @@ impl Bmc for RecordingBmc {
         Box::pin(async move {
             if hang {
                 futures::future::pending::<()>().await;
+            }
+            if let Some(g) = gate {
+                g.acquire().await.unwrap().forget();
             }
             if fail {
                 return Err(BmcError::NotSupported {
@@ -1011,5 +1017,57 @@ async fn a_read_only_store_is_refused_at_start() {
     assert!(
         e.contains("is not writable") && e.contains("Read-only file system"),
         "{e}"
+    );
+}
+
+/// A BMC step that finishes while the disk is full is not lost: its event is retried
+/// until the store takes it, and the reinstall goes on (it used to be logged as "event
+/// not applied" and the node sat in `reclaiming` until the deadline).
+#[tokio::test]
+async fn an_event_that_meets_a_full_disk_is_applied_once_space_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&mnt, "6m");
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let bmc = RecordingBmc {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    };
+    let h = Harness::new_in(&[], bmc, Some(mnt.clone())).await;
+    let id = h.register("52:54:00:aa:cc:31").await;
+    let (s, v) = h
+        .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
+        .await;
+    assert_eq!(s, 202, "{v}");
+    // The power cycle is under way (netboot was set and recorded)...
+    until(
+        "the power cycle to start",
+        Duration::from_secs(10),
+        async || {
+            h.bmc
+                .calls()
+                .iter()
+                .any(|c| c == "power_cycle")
+                .then_some(())
+        },
+    )
+    .await;
+    // ...when the disk fills up, and then it succeeds.
+    let filler = fill(&mnt);
+    gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.node(id).await["state"], "reclaiming");
+    std::fs::remove_file(filler).unwrap();
+    let n = h.wait_state(id, "netbooting").await;
+    let events: Vec<&str> = n["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert_eq!(
+        events.iter().filter(|e| **e == "power_cycled").count(),
+        1,
+        "{events:?}"
     );
 }
