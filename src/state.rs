@@ -128,16 +128,29 @@ impl AppState {
         out
     }
 
-    /// `http://server_ip[:port]` when the request did not say which host it reached.
+    /// `http://server_ip[:port]` from the configuration alone.
     pub fn default_base_url(&self) -> String {
-        let ip = self
-            .cfg
-            .server_ip
-            .map(|i| i.to_string())
-            .unwrap_or_else(|| self.cfg.http.ip().to_string());
-        match self.cfg.http.port() {
-            80 => format!("http://{ip}"),
-            p => format!("http://{ip}:{p}"),
+        self.base_url_at(None)
+    }
+
+    /// The base of the URLs pxed hands out on a connection that arrived on `local`:
+    /// `server_ip` when configured, else the address the client connected to (pxed's
+    /// own, whatever the client claims in `Host`); the port the connection arrived on
+    /// (the configured one, or the real one when the configured port was 0). Without a
+    /// connection, the configured HTTP address.
+    pub fn base_url_at(&self, local: Option<std::net::SocketAddr>) -> String {
+        let (ip, port) = match local {
+            Some(l) => (l.ip().to_canonical(), l.port()),
+            None => (self.cfg.http.ip(), self.cfg.http.port()),
+        };
+        let ip = self.cfg.server_ip.map_or(ip, std::net::IpAddr::V4);
+        let host = match ip {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            v4 => v4.to_string(),
+        };
+        match port {
+            80 => format!("http://{host}"),
+            p => format!("http://{host}:{p}"),
         }
     }
 

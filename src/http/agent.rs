@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use super::Conn;
 use super::error::{ApiError, JsonBody};
 use crate::images::Arch;
 use crate::lifecycle::transition::Event;
@@ -53,25 +54,29 @@ async fn by_token(st: &AppState, token: &str, what: &str) -> Result<NodeRow, Api
     }
 }
 
-/// `http://host[:port]` as the client reached us (falls back to the configured server).
-pub fn base_url(st: &AppState, headers: &HeaderMap) -> String {
-    if let Some(h) = headers.get(header::HOST).and_then(|h| h.to_str().ok())
+/// `http://host[:port]` for URLs in a response: the configured server (see
+/// [`AppState::base_url_at`]), or the request's `Host` header when the operator set
+/// `trust_host_header` (behind a proxy that sets it; a client can send any).
+pub fn base_url(st: &AppState, headers: &HeaderMap, conn: Conn) -> String {
+    if st.cfg.trust_host_header
+        && let Some(h) = headers.get(header::HOST).and_then(|h| h.to_str().ok())
         && !h.is_empty()
         && h.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-' | '[' | ']'))
     {
         return format!("http://{h}");
     }
-    st.default_base_url()
+    st.base_url_at(conn.local)
 }
 
 async fn config(
     State(st): State<Arc<AppState>>,
     Path((token, file)): Path<(String, String)>,
+    conn: Conn,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, "config").await?;
-    let base = base_url(&st, &headers);
+    let base = base_url(&st, &headers, conn);
     let text = crate::provision::render_config(&st, &n, &file, &base, &token).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
@@ -201,6 +206,7 @@ fn bounded(s: &str, max: usize) -> String {
 async fn deploy_plan(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, "deploy").await?;
@@ -211,7 +217,7 @@ async fn deploy_plan(
             format!("node {} is {}, not installing", n.id, n.state),
         ));
     }
-    let base = base_url(&st, &headers);
+    let base = base_url(&st, &headers, conn);
     let plan = crate::provision::deploy_plan(&st, &n, &base, &token).await?;
     st.store
         .note(

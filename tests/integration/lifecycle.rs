@@ -548,6 +548,56 @@ async fn stale_tokens_are_refused() {
     assert!(h.st.stats.stale_tokens.get() >= 5);
 }
 
+/// Finding 8 of issue 10: a crafted `Host` header was echoed into the URLs of the
+/// script and the config. They come from the configured server now, unless the
+/// operator sets `trust_host_header`.
+#[tokio::test]
+async fn a_crafted_host_header_is_not_echoed_into_urls() {
+    async fn fetch(h: &Harness, path: &str) -> String {
+        let resp = h
+            .http
+            .get(format!("{}{path}", h.base))
+            .header(reqwest::header::HOST, "evil.example:666")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap()
+    }
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:34";
+    h.reinstalling(mac).await;
+    let script = fetch(&h, &format!("/boot/{mac}.ipxe")).await;
+    let token = token_from_script(&script);
+    let ks = fetch(&h, &format!("/cfg/{token}/kickstart")).await;
+    // server_ip (127.0.0.1 in the demo config) and the port the request arrived on.
+    let port = h.base.rsplit(':').next().unwrap();
+    for text in [&script, &ks] {
+        assert!(!text.contains("evil.example"), "{text}");
+    }
+    assert!(
+        script.contains(&format!("http://127.0.0.1:{port}/images/rocky-9/")),
+        "{script}"
+    );
+    assert!(
+        ks.contains(&format!("http://127.0.0.1:{port}/cb/{token}/installed")),
+        "{ks}"
+    );
+
+    // Behind a proxy that sets Host, the operator opts in.
+    let h = Harness::new(
+        &[("PXED_TRUST_HOST_HEADER", "true")],
+        RecordingBmc::default(),
+    )
+    .await;
+    h.reinstalling(mac).await;
+    let script = fetch(&h, &format!("/boot/{mac}.ipxe")).await;
+    assert!(
+        script.contains("http://evil.example:666/images/rocky-9/"),
+        "{script}"
+    );
+}
+
 #[tokio::test]
 async fn deadline_expiry_retries_then_fails_with_the_stage() {
     // A power cycle that never answers: the reclaiming deadline fires, the step is
