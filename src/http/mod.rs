@@ -145,7 +145,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Conn {
             client: parts
                 .extensions
                 .get::<axum::extract::ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip().to_canonical()),
+                .map(|c| crate::credential::canonical(c.0.ip())),
             local: parts.extensions.get::<LocalAddr>().map(|l| l.0),
         })
     }
@@ -307,7 +307,7 @@ async fn boot_script(
         return (StatusCode::NOT_FOUND, "expected /boot/<mac>.ipxe\n").into_response();
     };
     let base = agent::base_url(&st, &headers, conn);
-    let (action, reason) = crate::provision::boot_action(&st, mac, &base).await;
+    let (action, reason) = crate::provision::boot_action(&st, mac, &base, conn.client).await;
     match script::render(&mac.to_string(), &action, &reason) {
         Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
         Err(e) => {
