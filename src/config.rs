@@ -69,6 +69,9 @@ pub struct Wire {
     pub images_catalog: Option<PathBuf>,
     pub http: Option<SocketAddr>,
     pub tftp: Option<SocketAddr>,
+    /// Build the URLs in scripts and configs from the request's `Host` header instead
+    /// of `server_ip` (only behind a reverse proxy that sets it: any client can send one).
+    pub trust_host_header: Option<bool>,
     /// Base URL of the local OS mirror; image paths are relative to it.
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
@@ -357,6 +360,9 @@ pub struct Config {
     pub images_catalog: PathBuf,
     pub http: SocketAddr,
     pub tftp: SocketAddr,
+    /// URLs in scripts and configs from the request's `Host` header (default: no, from
+    /// `server_ip` or the address the client connected to).
+    pub trust_host_header: bool,
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
     pub hostname_prefix: String,
@@ -787,6 +793,7 @@ pub const ENV_KEYS: &[&str] = &[
     "images_catalog",
     "http",
     "tftp",
+    "trust_host_header",
     "mirror_base",
     "default_image",
     "hostname_prefix",
@@ -1145,6 +1152,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         tftp: w
             .tftp
             .unwrap_or_else(|| "0.0.0.0:69".parse().expect("literal")),
+        trust_host_header: w.trust_host_header.unwrap_or(false),
         mirror_base: w.mirror_base,
         default_image: w.default_image,
         hostname_prefix: w.hostname_prefix.unwrap_or_else(|| "node-".into()),

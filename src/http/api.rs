@@ -304,7 +304,7 @@ async fn reinstall(
             format!("image {img} is not imported (pxed image add {img})"),
         ));
     }
-    let token = BootToken(random_token());
+    let token = BootToken::random();
     let event = Event::ReinstallRequested {
         image: req.image.clone().or_else(|| st.cfg.default_image.clone()),
         token,
@@ -323,6 +323,7 @@ async fn reinstall(
                 hostname_prefix: Some(&st.cfg.hostname_prefix),
                 idempotency_key: key.as_deref(),
                 answer: Some(&answer),
+                ..Hooks::default()
             },
         )
         .await?;

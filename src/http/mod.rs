@@ -1,10 +1,12 @@
 //! HTTP: boot scripts, images and iPXE binaries, health and metrics.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -143,9 +145,39 @@ async fn regular_files_only(
     next.run(req).await
 }
 
+/// The address a connection arrived on (ours): inserted by [`serve`] next to the
+/// peer's `ConnectInfo`.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr(pub SocketAddr);
+
+/// Both ends of the request's connection, as far as known: a router driven without
+/// [`serve`] (a test calling it directly) has neither, and every decision that needs
+/// them treats "unknown" as the unsafe case.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Conn {
+    /// The client's address (IPv4 clients of a dual-stack socket as IPv4).
+    pub client: Option<IpAddr>,
+    /// The address the client connected to.
+    pub local: Option<SocketAddr>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Conn {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Conn {
+            client: parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|c| crate::credential::canonical(c.0.ip())),
+            local: parts.extensions.get::<LocalAddr>().map(|l| l.0),
+        })
+    }
+}
+
 /// Serves until `cancel` fires, then drains open connections. Every connection has a
-/// header-read timeout and counts against [`ConnLimits`]; the peer address is
-/// available to handlers as `ConnectInfo<SocketAddr>`.
+/// header-read timeout and counts against [`ConnLimits`]; handlers see both ends of
+/// the connection through [`Conn`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -191,10 +223,14 @@ pub async fn serve(
                 }
             },
         };
+        let local = stream.local_addr().ok();
         let app = app.clone();
         let svc =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));
+                if let Some(l) = local {
+                    req.extensions_mut().insert(LocalAddr(l));
+                }
                 let busy = reserved && !reserved_path(req.uri().path());
                 let app = app.clone();
                 async move {
@@ -283,6 +319,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 async fn boot_script(
     State(st): State<Arc<AppState>>,
     Path(file): Path<String>,
+    conn: Conn,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let Some(mac) = file.strip_suffix(".ipxe").and_then(|m| {
@@ -293,8 +330,8 @@ async fn boot_script(
     }) else {
         return (StatusCode::NOT_FOUND, "expected /boot/<mac>.ipxe\n").into_response();
     };
-    let base = agent::base_url(&st, &headers);
-    let (action, reason) = crate::provision::boot_action(&st, mac, &base).await;
+    let base = agent::base_url(&st, &headers, conn);
+    let (action, reason) = crate::provision::boot_action(&st, mac, &base, conn.client).await;
     match script::render(&mac.to_string(), &action, &reason) {
         Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
         Err(e) => {

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use super::{Store, StoreError};
-use crate::model::{Arch, BootToken, Driver, Mac, NodeArch, State, Step};
+use crate::model::{AgentToken, Arch, BootToken, Driver, Mac, NodeArch, State, Step};
 
 /// A node as stored (no secrets: those live in `bmc_secrets`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -22,6 +22,12 @@ pub struct NodeRow {
     pub image: Option<String>,
     #[serde(skip)]
     pub boot_token: Option<BootToken>,
+    /// The first-boot agent's credential for this generation (see [`AgentToken`]).
+    #[serde(skip)]
+    pub agent_token: Option<AgentToken>,
+    /// The address the installer was served to: the only one the boot token is
+    /// accepted from (`None` until then, and whenever the boot token changes).
+    pub boot_ip: Option<String>,
     pub failed_step: Option<Step>,
     pub failed_reason: Option<String>,
     pub facts: Option<String>,
@@ -115,7 +121,7 @@ impl Store {
     /// One node by id.
     pub async fn node(&self, id: i64) -> Result<Option<NodeRow>, StoreError> {
         Ok(
-            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -133,7 +139,7 @@ impl Store {
         }
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
             reference,
             reference
         )
@@ -145,17 +151,18 @@ impl Store {
     pub async fn node_by_mac(&self, mac: Mac) -> Result<Option<NodeRow>, StoreError> {
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
             mac
         )
         .fetch_optional(&self.pool)
         .await?)
     }
 
-    /// The node whose current boot token is `token`.
-    pub async fn node_by_token(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
+    /// The node whose current boot token or agent token is `token` (the caller tells
+    /// which by comparing; both are unique and random, so at most one node matches).
+    pub async fn node_by_credential(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
         Ok(
-            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ?"#, token)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ? OR agent_token = ?"#, token, token)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -163,7 +170,7 @@ impl Store {
 
     /// All nodes, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -173,7 +180,7 @@ impl Store {
         let states = serde_json::json!(states).to_string();
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
             states
         )
         .fetch_all(&self.pool)
@@ -290,7 +297,7 @@ impl Store {
     /// Deletes a node (its interfaces, BMC and secrets go with it; the audit log stays).
     pub async fn delete_node(&self, id: i64, actor: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+        let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(&mut *tx)
             .await?
         else {
@@ -425,7 +432,7 @@ impl NodeTx {
 /// Loads a node inside a transaction.
 async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<NodeRow>, StoreError> {
     Ok(
-        sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+        sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(conn)
             .await?,
     )
@@ -440,8 +447,8 @@ async fn update_node_tx(
 ) -> Result<bool, StoreError> {
     let r = sqlx::query!(
         r#"UPDATE nodes SET state = ?, state_since = ?, version = version + 1, generation = ?,
-               attempt = ?, image = ?, boot_token = ?, failed_step = ?, failed_reason = ?,
-               facts = ?, hostname = ?, arch = ?
+               attempt = ?, image = ?, boot_token = ?, agent_token = ?, boot_ip = ?,
+               failed_step = ?, failed_reason = ?, facts = ?, hostname = ?, arch = ?
            WHERE id = ? AND version = ?"#,
         n.state,
         n.state_since,
@@ -449,6 +456,8 @@ async fn update_node_tx(
         n.attempt,
         n.image,
         n.boot_token,
+        n.agent_token,
+        n.boot_ip,
         n.failed_step,
         n.failed_reason,
         n.facts,
