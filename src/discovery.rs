@@ -162,7 +162,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    use crate::config::{DiscoverySettings, LifecycleConfig};
+    use crate::config::DiscoverySettings;
     use crate::lifecycle::transition::Policy;
     use crate::lifecycle::worker::StoreBmcs;
 
@@ -180,7 +180,7 @@ mod tests {
             crate::config::load(None, Vec::<(String, String)>::new(), &Default::default()).unwrap();
         let lifecycle = Lifecycle::new(
             store.clone(),
-            Policy::from_config(&LifecycleConfig { ..cfg.lifecycle }),
+            Policy::from_config(&cfg.lifecycle),
             Arc::new(StoreBmcs::default()),
             tokio_util::sync::CancellationToken::new(),
         );

@@ -1309,9 +1309,16 @@ async fn a_full_disk_fails_writes_and_recovers_without_a_restart() {
         }
     }
     assert!(failures > 0, "the disk never filled up");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let (s, body) = h.get_text("/readyz").await;
-    assert_eq!(s, 503, "{body}");
+    // The write probe's answer is reused for a second: wait for a fresh one.
+    let body = until(
+        "/readyz to report the full disk",
+        Duration::from_secs(5),
+        async || {
+            let (s, body) = h.get_text("/readyz").await;
+            (s == 503).then_some(body)
+        },
+    )
+    .await;
     assert!(body.starts_with("not ready: store:"), "{body}");
     let (s, body) = h.get_text("/healthz").await;
     assert!(
@@ -1321,8 +1328,12 @@ async fn a_full_disk_fails_writes_and_recovers_without_a_restart() {
 
     // Space is back: the same process takes writes again.
     std::fs::remove_file(filler).unwrap();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(h.get_text("/readyz").await, (200, "ready\n".into()));
+    let body = until("/readyz to recover", Duration::from_secs(5), async || {
+        let (s, body) = h.get_text("/readyz").await;
+        (s == 200).then_some(body)
+    })
+    .await;
+    assert_eq!(body, "ready\n");
     let second = h.register("52:54:00:aa:cc:20").await;
     assert!(second > first);
     let n = h.node(first).await;
