@@ -11,8 +11,8 @@
 //! after such an ERROR and runs a second runtime.
 
 mod options;
-mod packet;
-mod path;
+pub mod packet;
+pub mod path;
 mod server;
 
 use std::path::PathBuf;
