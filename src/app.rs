@@ -147,7 +147,7 @@ pub async fn run(
     let cfg = Arc::new(cfg);
     preflight(&cfg)?;
     let nofile = crate::net::raise_fd_limit();
-    tracing::info!(nofile, http = ?crate::http::ConnLimits::for_fd_limit(nofile), "open-files limit");
+    tracing::info!(nofile, http = ?crate::net::ConnLimits::for_fd_limit(nofile), "open-files limit");
     let store = Store::open(&cfg.data_dir)
         .await
         .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;

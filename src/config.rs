@@ -26,7 +26,18 @@ pub enum ConfigError {
     #[error("unknown environment variable {var} (no config key `{key}`)")]
     UnknownEnv { var: String, key: String },
     #[error("invalid value for {key}: {reason}")]
-    Invalid { key: &'static str, reason: String },
+    Invalid { key: String, reason: String },
+    #[error("{key}: must be between {min} and {max} (got {got})")]
+    OutOfRange {
+        key: String,
+        min: String,
+        max: String,
+        got: String,
+    },
+    /// A pxed bug, caught by the unit tests: validation asked for a key that
+    /// [`BOUNDS`] does not list (or lists with the other kind of range).
+    #[error("{key}: no range declared for this key")]
+    NoRange { key: String },
     #[error("cannot read API token file {path}: {source}")]
     TokenFile {
         path: PathBuf,
@@ -58,10 +69,16 @@ pub struct Wire {
     pub images_catalog: Option<PathBuf>,
     pub http: Option<SocketAddr>,
     pub tftp: Option<SocketAddr>,
+    /// Build the URLs in scripts and configs from the request's `Host` header instead
+    /// of `server_ip` (only behind a reverse proxy that sets it: any client can send one).
+    pub trust_host_header: Option<bool>,
     /// Base URL of the local OS mirror; image paths are relative to it.
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
     pub hostname_prefix: Option<String>,
+    /// Serve the status page (`/`, `/status.json`, `/nodes/…`, `/events`) without
+    /// the API token. Off by default: it lists every node's MACs and state.
+    pub status_public: Option<bool>,
     /// OpenSSH public keys for root on every installed or deployed system (images may
     /// add their own).
     pub ssh_authorized_keys: Option<Vec<String>>,
@@ -72,6 +89,15 @@ pub struct Wire {
     pub tftp_server: Option<TftpWire>,
     pub lifecycle: Option<LifecycleWire>,
     pub bmc: Option<BmcWire>,
+    pub discovery: Option<DiscoveryWire>,
+}
+
+/// `[discovery]`: how many unknown netboot clients DHCP may register.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryWire {
+    pub max_pending: Option<i64>,
+    pub per_minute: Option<i64>,
 }
 
 /// `[dhcp]`.
@@ -123,13 +149,14 @@ pub struct BootWire {
     pub per_mac: Option<BTreeMap<String, String>>,
 }
 
-/// `[tftp_server]`.
+/// `[tftp_server]`. Counts here and in the other sections are `i64`, TOML's integer,
+/// so a negative or huge value gets the range error of [`BOUNDS`], not a type error.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TftpWire {
-    pub max_transfers: Option<usize>,
+    pub max_transfers: Option<i64>,
     pub timeout: Option<String>,
-    pub retries: Option<u32>,
+    pub retries: Option<i64>,
 }
 
 /// `[lifecycle]`: deadline per state, retries.
@@ -137,7 +164,7 @@ pub struct TftpWire {
 #[serde(deny_unknown_fields)]
 pub struct LifecycleWire {
     pub deadlines: Option<BTreeMap<String, String>>,
-    pub max_attempts: Option<u32>,
+    pub max_attempts: Option<i64>,
     pub backoff: Option<String>,
 }
 
@@ -146,7 +173,7 @@ pub struct LifecycleWire {
 #[serde(deny_unknown_fields)]
 pub struct BmcWire {
     pub request_timeout: Option<String>,
-    pub retries: Option<u32>,
+    pub retries: Option<i64>,
     pub power_deadline: Option<String>,
     pub restart_observe: Option<String>,
     pub poll_interval: Option<String>,
@@ -243,6 +270,26 @@ pub struct TftpSettings {
     pub retries: u32,
 }
 
+/// Validated discovery bounds: anyone on the VLAN can send PXE DISCOVERs with made-up
+/// MACs, so registering them is capped and rate-limited; beyond either bound unknown
+/// clients are counted, not stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DiscoverySettings {
+    /// Most `discovered` (not yet enrolled) nodes kept; 0 turns discovery off.
+    pub max_pending: u32,
+    /// Most registrations per minute.
+    pub per_minute: u32,
+}
+
+impl Default for DiscoverySettings {
+    fn default() -> Self {
+        DiscoverySettings {
+            max_pending: 1024,
+            per_minute: 600,
+        }
+    }
+}
+
 /// Validated lifecycle settings.
 #[derive(Debug, Clone, Serialize)]
 pub struct LifecycleConfig {
@@ -313,9 +360,14 @@ pub struct Config {
     pub images_catalog: PathBuf,
     pub http: SocketAddr,
     pub tftp: SocketAddr,
+    /// URLs in scripts and configs from the request's `Host` header (default: no, from
+    /// `server_ip` or the address the client connected to).
+    pub trust_host_header: bool,
     pub mirror_base: Option<String>,
     pub default_image: Option<String>,
     pub hostname_prefix: String,
+    /// The status page needs no token (see [`Wire::status_public`]).
+    pub status_public: bool,
     /// OpenSSH public keys for root on every installed or deployed system.
     pub ssh_authorized_keys: Vec<String>,
     #[serde(serialize_with = "mask")]
@@ -325,6 +377,7 @@ pub struct Config {
     pub tftp_server: TftpSettings,
     pub lifecycle: LifecycleConfig,
     pub bmc: BmcSettings,
+    pub discovery: DiscoverySettings,
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -337,7 +390,7 @@ fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Erro
 mod secs {
     use std::time::Duration;
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}s", d.as_secs_f64()))
+        s.serialize_str(&super::fmt_duration(*d))
     }
 }
 
@@ -351,31 +404,208 @@ mod secs_map {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(m.len()))?;
         for (k, v) in m {
-            map.serialize_entry(k.as_str(), &format!("{}s", v.as_secs_f64()))?;
+            map.serialize_entry(k.as_str(), &super::fmt_duration(*v))?;
         }
         map.end()
     }
 }
 
-/// Parses `90`, `90s`, `5m`, `2h`, `1d` or `250ms` into a duration.
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+/// Units a duration may carry, largest first, with their length in nanoseconds.
+const UNITS: [(&str, u128); 5] = [
+    ("d", 86_400 * NANOS_PER_SEC),
+    ("h", 3_600 * NANOS_PER_SEC),
+    ("m", 60 * NANOS_PER_SEC),
+    ("s", NANOS_PER_SEC),
+    ("ms", 1_000_000),
+];
+
+/// Parses `90`, `90s`, `5m`, `2h`, `1d`, `250ms` or a decimal such as `1.5h` into a
+/// duration. Exact decimal arithmetic, no floating point: a signed, non-finite or
+/// exponent form is not a duration, and one too large to represent is an error, never a
+/// panic.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let n = duration_nanos(s)?;
+    let secs =
+        u64::try_from(n / NANOS_PER_SEC).map_err(|_| format!("`{}` is too large", s.trim()))?;
+    Ok(Duration::new(secs, (n % NANOS_PER_SEC) as u32))
+}
+
+/// The nanoseconds `s` stands for, saturating at `u128::MAX` (far beyond any range).
+fn duration_nanos(s: &str) -> Result<u128, String> {
     let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(format!(
+            "`{s}` is not a duration (a number with ms, s, m, h or d)"
+        ));
+    }
+    let per = match unit {
+        "" => NANOS_PER_SEC,
+        u => UNITS
+            .iter()
+            .find(|(name, _)| *name == u)
+            .map(|(_, per)| *per)
+            .ok_or_else(|| format!("`{s}`: unknown unit `{u}` (ms, s, m, h, d)"))?,
     };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration"))?;
-    let mult = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (ms, s, m, h, d)")),
+    // Both parts hold ASCII digits only (split above). Past 15 decimals even a day
+    // is below a nanosecond, so the fraction is cut there and cannot overflow.
+    let digits = |d: &str| {
+        d.bytes().fold(0u128, |acc, b| {
+            acc.saturating_mul(10).saturating_add(u128::from(b - b'0'))
+        })
     };
-    Ok(Duration::from_secs_f64(n * mult))
+    let frac = &frac[..frac.len().min(15)];
+    let part = digits(frac) * per / 10u128.pow(frac.len() as u32);
+    Ok(digits(int).saturating_mul(per).saturating_add(part))
+}
+
+/// Formats a duration so that [`parse_duration`] reads it back exactly, in the
+/// largest unit that divides it (`1h`, `90m`, `250ms`, else decimal seconds).
+pub fn fmt_duration(d: Duration) -> String {
+    let n = d.as_nanos();
+    if n == 0 {
+        return "0s".into();
+    }
+    if let Some((unit, per)) = UNITS.iter().find(|(_, per)| n.is_multiple_of(*per)) {
+        return format!("{}{unit}", n / per);
+    }
+    let s = format!("{}.{:09}", d.as_secs(), d.subsec_nanos());
+    format!("{}s", s.trim_end_matches('0'))
+}
+
+/// The inclusive range of one duration or count in the config schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    Duration { min: Duration, max: Duration },
+    Count { min: i64, max: i64 },
+}
+
+impl Range {
+    const fn ms(min: u64, max: u64) -> Range {
+        Range::Duration {
+            min: Duration::from_millis(min),
+            max: Duration::from_millis(max),
+        }
+    }
+
+    const fn secs(min: u64, max: u64) -> Range {
+        Range::Duration {
+            min: Duration::from_secs(min),
+            max: Duration::from_secs(max),
+        }
+    }
+
+    const fn count(min: i64, max: i64) -> Range {
+        Range::Count { min, max }
+    }
+
+    /// The bounds as the operator writes them (`60s` as `1m`).
+    pub fn show(&self) -> (String, String) {
+        match *self {
+            Range::Duration { min, max } => (fmt_duration(min), fmt_duration(max)),
+            Range::Count { min, max } => (min.to_string(), max.to_string()),
+        }
+    }
+}
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+/// Every duration and count of the schema with its inclusive range, as
+/// `section.key` (`*`: any key of that map). Validation reads these values only
+/// through [`duration`] and [`count`], which look the key up here, so a key missing
+/// from this table fails every load (the defaults test catches it), and the property
+/// test checks any loaded config against it. Ranges are what a production site could
+/// want, not what the code could survive: anything outside is a typo or an attack.
+pub const BOUNDS: &[(&str, Range)] = &[
+    // A lease shorter than a minute is renewal traffic; longer than a year, a leak.
+    ("dhcp.lease_time", Range::secs(MINUTE, 365 * DAY)),
+    // One slot is one socket and one blocking reader; 64 Ki covers any rack.
+    ("tftp_server.max_transfers", Range::count(1, 65_536)),
+    // Per packet; 255 s is the most the RFC 2349 `timeout` option can ask for.
+    ("tftp_server.timeout", Range::ms(100, 255_000)),
+    ("tftp_server.retries", Range::count(0, 20)),
+    // Per in-progress state: long enough for a slow install, short enough to notice.
+    ("lifecycle.deadlines.*", Range::secs(5, 7 * DAY)),
+    ("lifecycle.max_attempts", Range::count(0, 20)),
+    // Doubles per retry (capped at 10 min or itself); tests use tens of ms.
+    ("lifecycle.backoff", Range::ms(10, HOUR * 1000)),
+    ("bmc.request_timeout", Range::ms(100, 5 * MINUTE * 1000)),
+    ("bmc.retries", Range::count(0, 10)),
+    ("bmc.power_deadline", Range::secs(1, HOUR)),
+    ("bmc.restart_observe", Range::ms(100, HOUR * 1000)),
+    ("bmc.poll_interval", Range::ms(50, 5 * MINUTE * 1000)),
+    // Unenrolled machines kept, and registrations a minute: a rack at once fits.
+    ("discovery.max_pending", Range::count(0, 100_000)),
+    ("discovery.per_minute", Range::count(1, 100_000)),
+];
+
+/// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
+/// `lifecycle.deadlines.*`).
+pub fn range_of(key: &str) -> Option<Range> {
+    BOUNDS.iter().find_map(|(pattern, range)| {
+        let (p, k): (Vec<&str>, Vec<&str>) =
+            (pattern.split('.').collect(), key.split('.').collect());
+        (p.len() == k.len() && p.iter().zip(&k).all(|(p, k)| *p == "*" || p == k)).then_some(*range)
+    })
+}
+
+/// `raw` (or `default`) as a duration inside the range of `key`.
+fn duration(key: &str, raw: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+    let Some(range @ Range::Duration { min, max }) = range_of(key) else {
+        return Err(ConfigError::NoRange { key: key.into() });
+    };
+    let nanos = match raw {
+        Some(s) => duration_nanos(s).map_err(|e| invalid(key, e))?,
+        None => default.as_nanos(),
+    };
+    if !(min.as_nanos()..=max.as_nanos()).contains(&nanos) {
+        let got = raw.map_or_else(|| fmt_duration(default), |s| s.trim().to_string());
+        return Err(out_of_range(key, range, got));
+    }
+    // In range, so below `max` and representable.
+    Ok(Duration::new(
+        (nanos / NANOS_PER_SEC) as u64,
+        (nanos % NANOS_PER_SEC) as u32,
+    ))
+}
+
+/// `raw` (or `default`) as a count inside the range of `key`.
+fn count<T: TryFrom<i64>>(key: &str, raw: Option<i64>, default: i64) -> Result<T, ConfigError> {
+    let Some(range @ Range::Count { min, max }) = range_of(key) else {
+        return Err(ConfigError::NoRange { key: key.into() });
+    };
+    let v = raw.unwrap_or(default);
+    if !(min..=max).contains(&v) {
+        return Err(out_of_range(key, range, v.to_string()));
+    }
+    T::try_from(v).map_err(|_| out_of_range(key, range, v.to_string()))
+}
+
+fn out_of_range(key: &str, range: Range, mut got: String) -> ConfigError {
+    // The value is echoed back; a megabyte of digits need not be.
+    if got.len() > 40 {
+        let cut = (0..=40)
+            .rev()
+            .find(|i| got.is_char_boundary(*i))
+            .unwrap_or(0);
+        got.truncate(cut);
+        got.push('…');
+    }
+    let (min, max) = range.show();
+    ConfigError::OutOfRange {
+        key: key.into(),
+        min,
+        max,
+        got,
+    }
 }
 
 /// The server's command-line flags: parsed by clap (`pxed serve`, `pxed check-config`)
@@ -534,6 +764,8 @@ fn demo_defaults() -> toml::Table {
         tftp = "127.0.0.1:6969"
         server_ip = "127.0.0.1"
         mirror_base = "http://127.0.0.1:8080/images/"
+        // Loopback only: the board opens without a token.
+        status_public = true
     }
 }
 
@@ -561,9 +793,11 @@ pub const ENV_KEYS: &[&str] = &[
     "images_catalog",
     "http",
     "tftp",
+    "trust_host_header",
     "mirror_base",
     "default_image",
     "hostname_prefix",
+    "status_public",
     "ssh_authorized_keys",
     "api_token",
     "api_token_file",
@@ -591,6 +825,8 @@ pub const ENV_KEYS: &[&str] = &[
     "bmc.power_deadline",
     "bmc.restart_observe",
     "bmc.poll_interval",
+    "discovery.max_pending",
+    "discovery.per_minute",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -695,6 +931,11 @@ fn env_value(path: &[String], val: &str) -> toml::Value {
                 .collect(),
         );
     }
+    // A bare number is seconds to a duration key (`PXED_DHCP__LEASE_TIME=3600`), which
+    // the wire form reads as text.
+    if matches!(range_of(&path.join(".")), Some(Range::Duration { .. })) {
+        return toml::Value::String(val.to_string());
+    }
     if let Ok(v) = val.parse::<i64>() {
         return toml::Value::Integer(v);
     }
@@ -708,9 +949,9 @@ fn flag_layer(f: &Flags) -> Result<toml::Table, ConfigError> {
     toml::Table::try_from(f).map_err(|e| ConfigError::Parse(e.to_string()))
 }
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        key,
+        key: key.into(),
         reason: reason.into(),
     }
 }
@@ -725,13 +966,11 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             "DHCP is on but no --interface was named; pxed answers DHCP only on interfaces the operator names",
         ));
     }
-    let lease_time = match &d.lease_time {
-        Some(s) => parse_duration(s).map_err(|e| invalid("dhcp.lease_time", e))?,
-        None => Duration::from_secs(3600),
-    };
-    if lease_time < Duration::from_secs(60) {
-        return Err(invalid("dhcp.lease_time", "must be at least 60s"));
-    }
+    let lease_time = duration(
+        "dhcp.lease_time",
+        d.lease_time.as_deref(),
+        Duration::from_secs(3600),
+    )?;
     let local = match (&d.pool, mode) {
         (Some(p), _) => {
             let pool = Pool::parse(p).map_err(|e| invalid("dhcp.pool", e))?;
@@ -818,21 +1057,22 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     }
     let t = w.tftp_server.unwrap_or_default();
     let tftp_server = TftpSettings {
-        max_transfers: t.max_transfers.unwrap_or(256),
-        timeout: match t.timeout {
-            Some(s) => parse_duration(&s).map_err(|e| invalid("tftp_server.timeout", e))?,
-            None => Duration::from_secs(1),
-        },
-        retries: t.retries.unwrap_or(5),
+        max_transfers: count("tftp_server.max_transfers", t.max_transfers, 256)?,
+        timeout: duration(
+            "tftp_server.timeout",
+            t.timeout.as_deref(),
+            Duration::from_secs(1),
+        )?,
+        retries: count("tftp_server.retries", t.retries, 5)?,
     };
-    if tftp_server.max_transfers == 0 {
-        return Err(invalid("tftp_server.max_transfers", "must be at least 1"));
-    }
     let l = w.lifecycle.unwrap_or_default();
-    let mut deadlines: BTreeMap<State, Duration> = State::ALL
-        .into_iter()
-        .filter_map(|s| Some((s, s.default_deadline()?)))
-        .collect();
+    let deadline_key = |s: State| format!("lifecycle.deadlines.{s}");
+    let mut deadlines = BTreeMap::new();
+    for s in State::ALL {
+        if let Some(d) = s.default_deadline() {
+            deadlines.insert(s, duration(&deadline_key(s), None, d)?);
+        }
+    }
     for (k, v) in l.deadlines.unwrap_or_default() {
         let state = k.parse::<State>().ok().filter(|s| s.in_progress());
         let Some(state) = state else {
@@ -847,18 +1087,29 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
                 format!("`{k}` {what} (deadlines: {})", names.join(", ")),
             ));
         };
-        let d = parse_duration(&v).map_err(|e| invalid("lifecycle.deadlines", e))?;
+        let d = duration(&deadline_key(state), Some(&v), Duration::ZERO)?;
         deadlines.insert(state, d);
     }
     let lifecycle = LifecycleConfig {
         deadlines,
-        max_attempts: l.max_attempts.unwrap_or(3),
-        backoff: match l.backoff {
-            Some(s) => parse_duration(&s).map_err(|e| invalid("lifecycle.backoff", e))?,
-            None => Duration::from_secs(10),
-        },
+        max_attempts: count("lifecycle.max_attempts", l.max_attempts, 3)?,
+        backoff: duration(
+            "lifecycle.backoff",
+            l.backoff.as_deref(),
+            Duration::from_secs(10),
+        )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;
+    let dw = w.discovery.unwrap_or_default();
+    let def = DiscoverySettings::default();
+    let discovery = DiscoverySettings {
+        max_pending: count(
+            "discovery.max_pending",
+            dw.max_pending,
+            def.max_pending.into(),
+        )?,
+        per_minute: count("discovery.per_minute", dw.per_minute, def.per_minute.into())?,
+    };
     let api_token = match (w.api_token, &w.api_token_file) {
         (Some(t), _) => Some(t),
         (None, Some(path)) => Some(
@@ -901,9 +1152,11 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         tftp: w
             .tftp
             .unwrap_or_else(|| "0.0.0.0:69".parse().expect("literal")),
+        trust_host_header: w.trust_host_header.unwrap_or(false),
         mirror_base: w.mirror_base,
         default_image: w.default_image,
         hostname_prefix: w.hostname_prefix.unwrap_or_else(|| "node-".into()),
+        status_public: w.status_public.unwrap_or(false),
         ssh_authorized_keys,
         api_token,
         dhcp: DhcpConfig {
@@ -918,39 +1171,42 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         tftp_server,
         lifecycle,
         bmc,
+        discovery,
     })
 }
 
 fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
     let def = BmcSettings::default();
-    let dur = |key: &'static str, v: Option<String>, default: Duration| match v {
-        Some(s) => match parse_duration(&s).map_err(|e| invalid(key, e))? {
-            Duration::ZERO => Err(invalid(key, "must be more than 0")),
-            d => Ok(d),
-        },
-        None => Ok(default),
-    };
     let s = BmcSettings {
-        request_timeout: dur(
+        request_timeout: duration(
             "bmc.request_timeout",
-            b.request_timeout,
+            b.request_timeout.as_deref(),
             def.request_timeout,
         )?,
-        retries: b.retries.unwrap_or(def.retries),
-        power_deadline: dur("bmc.power_deadline", b.power_deadline, def.power_deadline)?,
-        restart_observe: dur(
+        retries: count("bmc.retries", b.retries, def.retries.into())?,
+        power_deadline: duration(
+            "bmc.power_deadline",
+            b.power_deadline.as_deref(),
+            def.power_deadline,
+        )?,
+        restart_observe: duration(
             "bmc.restart_observe",
-            b.restart_observe,
+            b.restart_observe.as_deref(),
             def.restart_observe,
         )?,
-        poll_interval: dur("bmc.poll_interval", b.poll_interval, def.poll_interval)?,
+        poll_interval: duration(
+            "bmc.poll_interval",
+            b.poll_interval.as_deref(),
+            def.poll_interval,
+        )?,
     };
     if s.restart_observe > s.power_deadline {
         return Err(invalid(
             "bmc.restart_observe",
             format!(
-                "{:?} is longer than bmc.power_deadline ({:?})",
-                s.restart_observe, s.power_deadline
+                "{} is longer than bmc.power_deadline ({})",
+                fmt_duration(s.restart_observe),
+                fmt_duration(s.power_deadline)
             ),
         ));
     }
@@ -958,8 +1214,9 @@ fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
         return Err(invalid(
             "bmc.poll_interval",
             format!(
-                "{:?} is longer than bmc.power_deadline ({:?})",
-                s.poll_interval, s.power_deadline
+                "{} is longer than bmc.power_deadline ({})",
+                fmt_duration(s.poll_interval),
+                fmt_duration(s.power_deadline)
             ),
         ));
     }
@@ -1198,6 +1455,419 @@ mod tests {
             Some("52:54:00:ab:cd:ef")
         );
         assert!(normalize_mac("52:54:00").is_none());
+    }
+
+    /// Issue 10, finding 7: `99999999999999999999d` panicked in `Duration::from_secs_f64`.
+    #[test]
+    fn hostile_durations_are_errors_not_panics() {
+        for s in [
+            "99999999999999999999d",
+            "18446744073709551616s",
+            "213503982334602d",
+            "99999999999999999999999999999999999999999999999999ms",
+            "NaN",
+            "inf",
+            "-inf",
+            "-1s",
+            "+5s",
+            "1e400",
+            "1e9s",
+            "",
+            ".",
+            "1.2.3s",
+            "5 m",
+            "5y",
+            "\u{0663}s",
+        ] {
+            let r = std::panic::catch_unwind(|| parse_duration(s));
+            assert!(matches!(r, Ok(Err(_))), "{s:?}: {r:?}");
+        }
+        let r = std::panic::catch_unwind(|| {
+            load(
+                None,
+                env(&[("PXED_DHCP__LEASE_TIME", "99999999999999999999d")]),
+                &Flags::default(),
+            )
+        });
+        let e = r.expect("no panic").unwrap_err().to_string();
+        assert!(e.contains("dhcp.lease_time"), "{e}");
+    }
+
+    /// Issue 10, finding 7: accepted by `check-config`, then tokio's semaphore panicked
+    /// at `serve` (its limit is `usize::MAX >> 3`).
+    #[test]
+    fn huge_max_transfers_is_refused() {
+        let e = load(
+            None,
+            env(&[("PXED_TFTP_SERVER__MAX_TRANSFERS", "4611686018427387904")]),
+            &Flags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "tftp_server.max_transfers: must be between 1 and 65536 (got 4611686018427387904)"
+        );
+        let Some(Range::Count { max, .. }) = range_of("tftp_server.max_transfers") else {
+            panic!("max_transfers has no count range");
+        };
+        assert!(max as usize <= tokio::sync::Semaphore::MAX_PERMITS);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        for (v, ok) in [("-1", false), ("0", false), ("1", true), ("65536", true)] {
+            std::fs::write(&p, format!("[tftp_server]\nmax_transfers = {v}\n")).unwrap();
+            let r = load(Some(&p), env(&[]), &Flags::default());
+            assert_eq!(r.is_ok(), ok, "{v}: {r:?}");
+        }
+    }
+
+    /// Issue 10, finding 7: a zero TFTP timeout was accepted and every transfer failed.
+    #[test]
+    fn zero_tftp_timeout_is_refused() {
+        for (v, ok) in [
+            ("0s", false),
+            ("0", false),
+            ("99ms", false),
+            ("100ms", true),
+        ] {
+            let r = load(
+                None,
+                env(&[("PXED_TFTP_SERVER__TIMEOUT", v)]),
+                &Flags::default(),
+            );
+            match r {
+                Ok(c) => assert!(ok && c.tftp_server.timeout == parse_duration(v).unwrap()),
+                Err(e) => assert!(
+                    !ok && e
+                        .to_string()
+                        .starts_with("tftp_server.timeout: must be between 100ms and"),
+                    "{v}: {e}"
+                ),
+            }
+        }
+    }
+
+    /// A huge lease time names the key and its range, from each layer.
+    #[test]
+    fn huge_lease_time_names_its_range() {
+        let want = "dhcp.lease_time: must be between 1m and 365d (got 99999999999999999999d)";
+        let e = load(
+            None,
+            env(&[("PXED_DHCP__LEASE_TIME", "99999999999999999999d")]),
+            &Flags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), want);
+        let f = Flags {
+            dhcp: DhcpFlags {
+                lease_time: Some("99999999999999999999d".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(load(None, env(&[]), &f).unwrap_err().to_string(), want);
+        // A bare number from the environment is seconds (it once was a type error).
+        let c = load(
+            None,
+            env(&[("PXED_DHCP__LEASE_TIME", "3600")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(c.dhcp.lease_time, Duration::from_secs(3600));
+    }
+
+    /// Each row of [`BOUNDS`] is enforced at both ends, through the environment: the
+    /// bound itself is not refused as out of range, one step past it is.
+    #[test]
+    fn every_range_is_enforced_at_both_ends() {
+        for (pattern, range) in BOUNDS {
+            // A map key stands for any of its keys: take one that validation accepts.
+            let key = pattern.replace('*', State::Installing.as_str());
+            let var = format!("PXED_{}", key.replace('.', "__").to_ascii_uppercase());
+            let (inside, outside) = match *range {
+                Range::Duration { min, max } => {
+                    let ns = Duration::from_nanos(1);
+                    (
+                        [fmt_duration(min), fmt_duration(max)],
+                        [fmt_duration(min - ns), fmt_duration(max + ns)],
+                    )
+                }
+                Range::Count { min, max } => (
+                    [min.to_string(), max.to_string()],
+                    [(min - 1).to_string(), (max + 1).to_string()],
+                ),
+            };
+            let refusal = format!("{key}: must be between");
+            for v in inside {
+                if let Err(e) = load(None, env(&[(&var, &v)]), &Flags::default()) {
+                    assert!(!e.to_string().contains(&refusal), "{var}={v}: {e}");
+                }
+            }
+            for v in outside {
+                let e = load(None, env(&[(&var, &v)]), &Flags::default()).unwrap_err();
+                assert!(e.to_string().starts_with(&refusal), "{var}={v}: {e}");
+            }
+        }
+    }
+
+    /// Every number `check-config` prints has a row in [`BOUNDS`], every row is a key the
+    /// environment can set (so the property test reaches it), and the defaults are in
+    /// range. A key added without a range fails here.
+    #[test]
+    fn every_number_in_the_schema_has_a_range() {
+        for flags in [
+            Flags::default(),
+            Flags {
+                demo: true,
+                ..Default::default()
+            },
+        ] {
+            let c = load(None, env(&[]), &flags).unwrap();
+            let mut seen = Vec::new();
+            walk_leaves(&toml::Table::try_from(&c).unwrap(), "", &mut |key, v| {
+                let numeric = v.is_integer()
+                    || v.is_float()
+                    || v.as_str().is_some_and(|s| parse_duration(s).is_ok());
+                if numeric {
+                    assert!(
+                        range_of(key).is_some(),
+                        "{key} = {v} has no range in BOUNDS"
+                    );
+                    seen.push(key.to_string());
+                }
+            });
+            assert_bounds(&c);
+            for (pattern, _) in BOUNDS {
+                assert!(ENV_KEYS.contains(pattern), "{pattern} is not in ENV_KEYS");
+                assert!(
+                    seen.iter().any(|k| range_of(k)
+                        == range_of(&pattern.replace('*', State::Installing.as_str()))),
+                    "{pattern} is not in the config"
+                );
+            }
+        }
+    }
+
+    /// Arbitrary values for arbitrary keys of the schema, through the file, the
+    /// environment and the `--lease-time` flag: the loader answers `Ok` or `Err` and
+    /// never panics, and an `Ok` config is inside [`BOUNDS`]. Keys come from
+    /// [`ENV_KEYS`], so a key added later is covered without touching this test.
+    mod schema_property {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Keys set only in the file (lists of tables).
+        const FILE_ONLY_KEYS: &[&str] = &["dhcp.reservations", "dhcp.relay_subnets"];
+
+        /// A map key for `*`: a state, a MAC or anything.
+        fn map_key() -> impl Strategy<Value = String> {
+            let states: Vec<String> = State::ALL.iter().map(|s| s.to_string()).collect();
+            prop_oneof![
+                prop::sample::select(states),
+                "52:54:00:[0-9a-f]{2}:[0-9a-f]{2}:[0-9a-f]{2}",
+                "[a-z_]{1,12}",
+            ]
+        }
+
+        fn key(keys: Vec<&'static str>) -> impl Strategy<Value = String> {
+            (prop::sample::select(keys), map_key()).prop_map(|(k, m)| k.replace('*', &m))
+        }
+
+        /// Text as an operator, a script or an attacker might write it.
+        fn text() -> BoxedStrategy<String> {
+            let odd = [
+                "NaN",
+                "inf",
+                "-inf",
+                "-0",
+                "1e400",
+                "",
+                "  ",
+                ".",
+                "0",
+                "0s",
+                "99999999999999999999d",
+                "18446744073709551616s",
+                "213503982334602d",
+                "4611686018427387904",
+                "-9223372036854775808",
+                "9223372036854775807",
+                "true",
+                "[1, 2]",
+                "{ a = 1 }",
+                "\u{0663}s",
+                "1_000s",
+                "full",
+                "proxy",
+                "10.0.0.10-10.0.0.20",
+                "255.255.255.0",
+            ];
+            prop_oneof![
+                2 => "[-+]?[0-9]{0,24}(\\.[0-9]{0,20})?( )?(ms|s|m|h|d|us|ns|y|w|e9|E|)",
+                6 => "[0-9]{1,4}(ms|s|m|h|d)?",
+                2 => prop::sample::select(odd.to_vec()).prop_map(String::from),
+                1 => any::<i64>().prop_map(|n| n.to_string()),
+                1 => (0i64..100_000).prop_map(|n| n.to_string()),
+                1 => any::<f64>().prop_map(|f| f.to_string()),
+                1 => ".{0,24}",
+            ]
+            .boxed()
+        }
+
+        /// Any TOML value, right type or wrong, nested a little.
+        fn value() -> impl Strategy<Value = toml::Value> {
+            let leaf = prop_oneof![
+                6 => text().prop_map(toml::Value::String),
+                1 => any::<i64>().prop_map(toml::Value::Integer),
+                2 => (0i64..100_000).prop_map(toml::Value::Integer),
+                1 => any::<f64>().prop_map(toml::Value::Float),
+                1 => any::<bool>().prop_map(toml::Value::Boolean),
+            ];
+            leaf.prop_recursive(2, 8, 3, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..3).prop_map(toml::Value::Array),
+                    prop::collection::btree_map("[a-z_]{1,8}", inner, 0..3)
+                        .prop_map(|m| toml::Value::Table(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn insert(t: &mut toml::Table, key: &str, v: toml::Value) {
+            let mut parts: Vec<&str> = key.split('.').collect();
+            let last = parts.pop().unwrap_or_default();
+            let mut cur = t;
+            for p in parts {
+                let e = cur
+                    .entry(p)
+                    .or_insert_with(|| toml::Value::Table(Default::default()));
+                if !e.is_table() {
+                    *e = toml::Value::Table(Default::default());
+                }
+                let toml::Value::Table(next) = e else {
+                    unreachable!("made a table above")
+                };
+                cur = next;
+            }
+            cur.insert(last.to_string(), v);
+        }
+
+        fn env_var(key: &str) -> String {
+            format!("PXED_{}", key.replace('.', "__").to_ascii_uppercase())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 512,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn any_value_for_any_key_loads_or_errs_never_panics(
+                file in prop::collection::vec(
+                    (key([ENV_KEYS, FILE_ONLY_KEYS].concat()), value()),
+                    0..4,
+                ),
+                vars in prop::collection::vec((key(ENV_KEYS.to_vec()), text()), 0..4),
+                lease_flag in prop::option::of(text()),
+            ) {
+                let mut table = toml::Table::new();
+                for (k, v) in &file {
+                    insert(&mut table, k, v.clone());
+                }
+                let text = toml::to_string(&table);
+                prop_assume!(text.is_ok(), "not TOML: {:?}", table);
+                let text = text.unwrap_or_default();
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("pxed.toml");
+                std::fs::write(&path, &text).unwrap();
+                let vars: Vec<(String, String)> =
+                    vars.iter().map(|(k, v)| (env_var(k), v.clone())).collect();
+                let flags = Flags {
+                    dhcp: DhcpFlags {
+                        lease_time: lease_flag,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                for (file, vars, flags) in [
+                    (Some(path.as_path()), vec![], Flags::default()),
+                    (None, vars.clone(), Flags::default()),
+                    (Some(path.as_path()), vars.clone(), flags),
+                ] {
+                    let r = std::panic::catch_unwind(|| load(file, vars.clone(), &flags));
+                    prop_assert!(
+                        r.is_ok(),
+                        "load panicked\nfile:\n{text}\nenv: {vars:?}\nflags: {flags:?}"
+                    );
+                    if let Ok(Ok(c)) = r {
+                        assert_bounds(&c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `f` with the dotted path and value of every leaf (arrays count as leaves).
+    fn walk_leaves(t: &toml::Table, prefix: &str, f: &mut dyn FnMut(&str, &toml::Value)) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => walk_leaves(t, &key, f),
+                v => f(&key, v),
+            }
+        }
+    }
+
+    /// Panics unless every value of `c` that [`BOUNDS`] names is inside its range and
+    /// every integer has a row there.
+    fn assert_bounds(c: &Config) {
+        walk_leaves(&toml::Table::try_from(c).unwrap(), "", &mut |key, v| {
+            let ok = match (range_of(key), v) {
+                // Integers are counts: each needs a row.
+                (None, toml::Value::Integer(_)) => false,
+                (None, _) => return,
+                (Some(Range::Count { min, max }), toml::Value::Integer(n)) => {
+                    (min..=max).contains(n)
+                }
+                (Some(Range::Duration { min, max }), toml::Value::String(s)) => {
+                    parse_duration(s).is_ok_and(|d| (min..=max).contains(&d))
+                }
+                _ => false,
+            };
+            assert!(ok, "{key} = {v} is outside {:?}", range_of(key));
+        });
+    }
+
+    /// Decimals are exact, and what `check-config` prints reads back to the same value.
+    #[test]
+    fn durations_are_exact_and_round_trip() {
+        for (s, d) in [
+            ("1.5h", Duration::from_secs(5400)),
+            ("0.1s", Duration::from_millis(100)),
+            (".5m", Duration::from_secs(30)),
+            ("2.", Duration::from_secs(2)),
+            ("0.000000001s", Duration::from_nanos(1)),
+            ("0.0000000001s", Duration::ZERO),
+            ("18446744073709551615s", Duration::from_secs(u64::MAX)),
+        ] {
+            assert_eq!(parse_duration(s), Ok(d), "{s}");
+        }
+        for (d, s) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(3600), "1h"),
+            (Duration::from_secs(5400), "90m"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_nanos(1_000_000_001), "1.000000001s"),
+            (Duration::from_secs(u64::MAX), "18446744073709551615s"),
+        ] {
+            assert_eq!(fmt_duration(d), s);
+            assert_eq!(parse_duration(s), Ok(d), "{s}");
+        }
     }
 
     #[test]

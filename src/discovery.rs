@@ -3,10 +3,15 @@
 //!
 //! Only DHCP-seen netboot clients are registered: a script fetch for an unknown MAC
 //! is answered (with the discovery script) and counted, never stored, so nobody on the
-//! VLAN can fill the inventory over HTTP. The cache of known MACs is bounded.
+//! VLAN can fill the inventory over HTTP. The cache of known MACs is bounded, and so
+//! is registration itself ([`DiscoverySettings`]): spoofed DISCOVERs beyond the cap of
+//! pending (unenrolled) nodes or the rate per minute are counted, not stored.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::config::DiscoverySettings;
 
 use crate::lifecycle::worker::Lifecycle;
 use crate::metrics::Counter;
@@ -17,15 +22,50 @@ use crate::store::Store;
 /// what is known; the cache only spares it repeated lookups.
 pub const KNOWN_MACS_CAP: usize = 65_536;
 
-/// The known-MAC cache and the discovery counter.
+/// The known-MAC cache, the registration bounds and the discovery counters.
 #[derive(Debug, Default)]
 pub struct Discovery {
     known: Mutex<HashSet<Mac>>,
+    settings: DiscoverySettings,
+    /// Registrations in the current one-minute window, and when it started.
+    window: Mutex<Option<(Instant, u32)>>,
     /// Machines registered as discovered.
     pub discovered: Counter,
+    /// Unknown clients not registered because `max_pending` nodes wait already.
+    pub refused_cap: Counter,
+    /// Unknown clients not registered because of the per-minute rate.
+    pub refused_rate: Counter,
 }
 
 impl Discovery {
+    /// Discovery within `settings`.
+    pub fn new(settings: DiscoverySettings) -> Discovery {
+        Discovery {
+            settings,
+            ..Discovery::default()
+        }
+    }
+
+    /// How many of `wanted` new machines may be registered now, given `pending`
+    /// discovered nodes in the store; counts the rest as refused. Takes them from
+    /// this minute's budget.
+    fn admit(&self, wanted: usize, pending: u64, now: Instant) -> usize {
+        let room = u64::from(self.settings.max_pending).saturating_sub(pending);
+        let by_cap = wanted.min(usize::try_from(room).unwrap_or(usize::MAX));
+        let mut window = self.window.lock().expect("lock");
+        let (start, used) = match *window {
+            Some((start, used)) if now.duration_since(start) < Duration::from_secs(60) => {
+                (start, used)
+            }
+            _ => (now, 0),
+        };
+        let budget = self.settings.per_minute.saturating_sub(used) as usize;
+        let admitted = by_cap.min(budget);
+        *window = Some((start, used + admitted as u32));
+        self.refused_cap.add((wanted - by_cap) as u64);
+        self.refused_rate.add((by_cap - admitted) as u64);
+        admitted
+    }
     /// Drops MACs from the cache (their node was deleted, so DHCP may rediscover them).
     pub fn forget(&self, macs: &[Mac]) {
         let mut known = self.known.lock().expect("lock");
@@ -73,6 +113,33 @@ impl Discovery {
             if new.is_empty() {
                 continue;
             }
+            // Only machines the store does not know count against the bounds.
+            let macs: Vec<Mac> = new.iter().map(|(m, _)| *m).collect();
+            let (unknown, pending) =
+                match tokio::try_join!(store.unknown_macs(&macs), store.pending_discovered()) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "checking discovered machines");
+                        continue;
+                    }
+                };
+            let admitted = self.admit(unknown.len(), pending, Instant::now());
+            if admitted < unknown.len() {
+                tracing::debug!(
+                    unknown = unknown.len(),
+                    admitted,
+                    pending,
+                    "discovery bounds reached: the rest are counted, not stored"
+                );
+            }
+            // Machines the store knows go to the cache; refused ones stay out of it,
+            // so they are registered once there is room.
+            self.remember(macs.into_iter().filter(|m| !unknown.contains(m)));
+            let admit: HashSet<Mac> = unknown.into_iter().take(admitted).collect();
+            new.retain(|(m, _)| admit.contains(m));
+            if new.is_empty() {
+                continue;
+            }
             match store.discover_many(&new).await {
                 Ok(created) => {
                     for (id, mac) in &created {
@@ -93,6 +160,92 @@ impl Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    use crate::config::{DiscoverySettings, LifecycleConfig};
+    use crate::lifecycle::transition::Policy;
+    use crate::lifecycle::worker::StoreBmcs;
+
+    fn mac(i: u32) -> Mac {
+        let b = i.to_be_bytes();
+        Mac([0x52, 0x54, b[0], b[1], b[2], b[3]])
+    }
+
+    /// Runs discovery over `n` spoofed netboot clients (plus every one of them again)
+    /// against a real store; returns the store and the discovery.
+    async fn flood(settings: DiscoverySettings, n: u32) -> (Store, Discovery, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let cfg =
+            crate::config::load(None, Vec::<(String, String)>::new(), &Default::default()).unwrap();
+        let lifecycle = Lifecycle::new(
+            store.clone(),
+            Policy::from_config(&LifecycleConfig { ..cfg.lifecycle }),
+            Arc::new(StoreBmcs::default()),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        let d = Discovery::new(settings);
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        for i in (0..n).chain(0..n) {
+            tx.send(crate::dhcp::DhcpSeen {
+                mac: mac(i),
+                arch: Some(7),
+                vendor_class: None,
+                user_class_ipxe: false,
+            })
+            .await
+            .unwrap();
+        }
+        drop(tx);
+        d.run(&store, &lifecycle, rx).await;
+        (store, d, dir)
+    }
+
+    /// Spoofed DISCOVERs fill no more than `max_pending` discovered nodes; the rest
+    /// are counted (each time they are seen), not stored.
+    #[tokio::test]
+    async fn registration_stops_at_the_cap() {
+        let settings = DiscoverySettings {
+            max_pending: 5,
+            per_minute: 1000,
+        };
+        let (store, d, _dir) = flood(settings, 40).await;
+        assert_eq!(store.pending_discovered().await.unwrap(), 5);
+        assert_eq!(d.discovered.get(), 5);
+        assert_eq!(
+            d.refused_cap.get(),
+            35,
+            "a client seen twice in one batch counts once"
+        );
+        assert_eq!(d.refused_rate.get(), 0);
+    }
+
+    /// No more than `per_minute` registrations a minute.
+    #[tokio::test]
+    async fn registration_is_rate_limited() {
+        let settings = DiscoverySettings {
+            max_pending: 1000,
+            per_minute: 3,
+        };
+        let (store, d, _dir) = flood(settings, 20).await;
+        assert_eq!(store.pending_discovered().await.unwrap(), 3);
+        assert_eq!(d.refused_rate.get(), 17);
+    }
+
+    #[test]
+    fn the_rate_window_starts_over_after_a_minute() {
+        let d = Discovery::new(DiscoverySettings {
+            max_pending: 100,
+            per_minute: 10,
+        });
+        let t0 = Instant::now();
+        assert_eq!(d.admit(8, 0, t0), 8);
+        assert_eq!(d.admit(8, 8, t0 + Duration::from_secs(30)), 2);
+        assert_eq!(d.admit(8, 10, t0 + Duration::from_secs(61)), 8);
+        assert_eq!(d.admit(200, 18, t0 + Duration::from_secs(200)), 10);
+        assert_eq!(d.refused_rate.get(), 6 + 72);
+        assert_eq!(d.refused_cap.get(), 118);
+    }
 
     #[test]
     fn the_cache_is_bounded() {

@@ -4,10 +4,12 @@
 //!
 //! Every config sets the hostname, makes the installed system boot to
 //! `multi-user.target` with no first-boot setup screens, calls
-//! `<callback_base>/installed` at the end of the install, and installs the same agent
-//! (`templates/firstboot/`): a oneshot `pxed-firstboot.service` and the script
-//! `/usr/local/sbin/pxed-firstboot`, which POSTs a [`FirstBootReport`] to
-//! `<callback_base>/first-boot` and a [`HealthReport`] to `<callback_base>/health`.
+//! `<callback_base>/installed` at the end of the install (with the boot token), and
+//! installs the same agent (`templates/firstboot/`): a oneshot `pxed-firstboot.service`
+//! and the script `/usr/local/sbin/pxed-firstboot` (root only: it holds the agent
+//! token), which POSTs a [`FirstBootReport`] to `<agent_base>/first-boot` and a
+//! [`HealthReport`] to `<agent_base>/health`. The agent token is in the config's body
+//! only, never in a URL the boot script or kernel command line shows.
 
 use crate::hostname::is_valid_label;
 use crate::images::{Arch, Family, ImageDef, ImageError, mirror_url};
@@ -29,8 +31,11 @@ pub struct InstallContext<'a> {
     pub repo_url: String,
     /// The image's extra repositories for `arch`, as absolute URLs.
     pub extra_repos: BTreeMap<String, String>,
-    /// `http://<server>/cb/<token>`; the agent appends `installed`, `first-boot`, `health`.
+    /// `http://<server>/cb/<boot token>`; the installer appends `installed`.
     pub callback_base: String,
+    /// `http://<server>/cb/<agent token>`; the first-boot agent appends `first-boot` and
+    /// `health`.
+    pub agent_base: String,
     /// `http://<server>/cfg/<token>`; where this config is served from.
     pub config_base: String,
     /// OpenSSH public keys for root (kickstart, preseed) or the `ubuntu` user.
@@ -44,13 +49,15 @@ pub struct InstallContext<'a> {
 impl<'a> InstallContext<'a> {
     /// Builds the context for `hostname` installing `image` on `arch`, with URLs from the
     /// mirror base and the server's own base URL (`http://10.0.0.1`) plus the node's
-    /// boot token. Keys and password default to none, the time zone to `UTC`.
+    /// boot token and agent token. Keys and password default to none, the time zone
+    /// to `UTC`.
     pub fn new(
         image: &'a ImageDef,
         arch: Arch,
         mirror_base: &str,
         server_base: &str,
         token: &str,
+        agent_token: &str,
         hostname: &str,
     ) -> Result<Self, InstallError> {
         let a = image.arch(arch)?;
@@ -66,6 +73,7 @@ impl<'a> InstallContext<'a> {
                 .map(|(k, v)| (k.clone(), mirror_url(mirror_base, v)))
                 .collect(),
             callback_base: format!("{server}/cb/{token}"),
+            agent_base: format!("{server}/cb/{agent_token}"),
             config_base: format!("{server}/cfg/{token}"),
             ssh_authorized_keys: Vec::new(),
             root_password_hash: None,
@@ -108,14 +116,12 @@ pub const AGENT_UNIT_PATH: &str = "/etc/systemd/system/pxed-firstboot.service";
 #[template(path = "firstboot/pxed-firstboot.sh", escape = "none")]
 struct AgentScript<'a> {
     hostname: &'a str,
-    callback_base: &'a str,
+    agent_base: &'a str,
 }
 
 #[derive(Template)]
 #[template(path = "firstboot/pxed-firstboot.service", escape = "none")]
-struct AgentUnit<'a> {
-    callback_base: &'a str,
-}
+struct AgentUnit;
 
 /// Renders the first-boot agent for `ctx`, without a trailing newline on either file
 /// (the configs add their own line ends).
@@ -123,13 +129,10 @@ pub fn firstboot_files(ctx: &InstallContext<'_>) -> Result<FirstBootFiles, Insta
     check(ctx)?;
     let script = AgentScript {
         hostname: &ctx.hostname,
-        callback_base: &ctx.callback_base,
+        agent_base: &ctx.agent_base,
     }
     .render()?;
-    let unit = AgentUnit {
-        callback_base: &ctx.callback_base,
-    }
-    .render()?;
+    let unit = AgentUnit.render()?;
     Ok(FirstBootFiles {
         script: script.trim_end().to_string(),
         unit: unit.trim_end().to_string(),
@@ -158,6 +161,7 @@ fn check(ctx: &InstallContext<'_>) -> Result<(), InstallError> {
     let urls = [
         ("repo_url", &ctx.repo_url),
         ("callback_base", &ctx.callback_base),
+        ("agent_base", &ctx.agent_base),
         ("config_base", &ctx.config_base),
     ];
     for (field, url) in urls
@@ -456,6 +460,7 @@ mod tests {
             "http://mirror.lab:8080/pub",
             "http://10.0.0.1",
             "tok123",
+            "agent456",
             "node-3a4b5c",
         )
         .unwrap();
@@ -487,6 +492,7 @@ mod tests {
             "http://mirror.lab:8080/pub/rocky/9/BaseOS/aarch64/os/"
         );
         assert_eq!(c.callback_base, "http://10.0.0.1/cb/tok123");
+        assert_eq!(c.agent_base, "http://10.0.0.1/cb/agent456");
         assert_eq!(c.config_base, "http://10.0.0.1/cfg/tok123");
         assert_eq!(
             c.extra_repos["appstream"],
@@ -607,7 +613,10 @@ mod tests {
             let c = ctx(&cat, name, arch);
             let agent = firstboot_files(&c).unwrap();
             assert!(agent.script.starts_with("#!/bin/sh\n"));
-            assert!(agent.script.contains("CB='http://10.0.0.1/cb/tok123'"));
+            assert!(agent.script.contains("CB='http://10.0.0.1/cb/agent456'"));
+            // The boot token is the installer's: the installed system never holds it.
+            assert!(!agent.script.contains("tok123"), "{}", agent.script);
+            assert!(!agent.unit.contains("agent456"), "{}", agent.unit);
             assert!(
                 agent
                     .unit

@@ -11,6 +11,7 @@ pub(crate) mod boot;
 pub mod cli;
 pub(crate) mod client;
 pub mod config;
+pub mod credential;
 pub mod dhcp;
 pub(crate) mod discovery;
 pub(crate) mod hostname;

@@ -115,18 +115,18 @@ mod tests {
     #[test]
     fn family_renders_one_line_per_label_set() {
         let f = CounterFamily::new("pxed_x_total", "Things", ["driver", "kind"]);
-        f.inc(["redfish", "timeout"]);
-        f.inc(["redfish", "timeout"]);
-        f.inc(["ipmi", "auth_refused"]);
+        f.inc(["alpha", "timeout"]);
+        f.inc(["alpha", "timeout"]);
+        f.inc(["beta", "auth_refused"]);
         let mut out = String::new();
         f.render(&mut out);
         assert_eq!(
             out,
             "# HELP pxed_x_total Things\n# TYPE pxed_x_total counter\n\
-             pxed_x_total{driver=\"ipmi\",kind=\"auth_refused\"} 1\n\
-             pxed_x_total{driver=\"redfish\",kind=\"timeout\"} 2\n"
+             pxed_x_total{driver=\"alpha\",kind=\"timeout\"} 2\n\
+             pxed_x_total{driver=\"beta\",kind=\"auth_refused\"} 1\n"
         );
-        assert_eq!(f.get(["redfish", "timeout"]), 2);
-        assert_eq!(f.get(["ipmi", "timeout"]), 0);
+        assert_eq!(f.get(["alpha", "timeout"]), 2);
+        assert_eq!(f.get(["beta", "timeout"]), 0);
     }
 }

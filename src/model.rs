@@ -446,26 +446,50 @@ impl FromStr for Mac {
 
 text!(Mac);
 
-/// A node's one-time boot token: authenticates its installer's and agents' callbacks
-/// for one generation. Stored as TEXT in `nodes.boot_token`. It has no `Display` and
-/// its `Debug` is redacted, so a node or event can be logged without leaking it; the
-/// text is taken with [`BootToken::as_str`] where a URL needs it.
+/// A secret handed to a node: no `Display`, a redacted `Debug` (a node or event can be
+/// logged without leaking it), the text taken with `as_str` where a URL needs it, and
+/// `random()` for a fresh one (256 bits, hex).
+macro_rules! secret {
+    ($t:ident) => {
+        impl $t {
+            /// The token text, as stored and used in URLs.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// A fresh random token: 32 bytes from the OS-seeded CSPRNG, as hex.
+            pub fn random() -> Self {
+                let bytes: [u8; 32] = rand::random();
+                $t(hex::encode(bytes))
+            }
+        }
+
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(concat!(stringify!($t), "(..)"))
+            }
+        }
+    };
+}
+
+/// A node's one-time boot token (`nodes.boot_token`): authenticates its installer or
+/// deploy agent for one generation. It is in the boot script and the kernel command
+/// line, so anyone who can fetch the script can read it; pxed therefore accepts it
+/// only from the address the installer was served to, and only for installer calls.
 #[derive(Clone, PartialEq, Eq, Hash, sqlx::Type)]
 #[sqlx(transparent)]
 pub struct BootToken(pub String);
 
-impl BootToken {
-    /// The token text, as stored in `nodes.boot_token` and used in callback URLs.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
+secret!(BootToken);
 
-impl fmt::Debug for BootToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("BootToken(..)")
-    }
-}
+/// The first-boot agent's credential (`nodes.agent_token`): minted with each
+/// generation's boot token, written only into the installed system (by the install
+/// config or the deploy plan), accepted only for the first-boot and health reports.
+#[derive(Clone, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct AgentToken(pub String);
+
+secret!(AgentToken);
 
 #[cfg(test)]
 mod tests {

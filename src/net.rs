@@ -135,6 +135,30 @@ pub async fn after_recv_error(server: &'static str, e: &std::io::Error) -> bool 
     transient
 }
 
+/// How many connections the HTTP server holds at once, and how many of those are kept for the
+/// API, health and metrics when the rest are taken (by a flood of idle connections,
+/// say). Connections beyond both are closed at once and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    pub max: usize,
+    pub reserve: usize,
+}
+
+impl ConnLimits {
+    /// Limits that fit the process's file-descriptor limit: at most half of it goes
+    /// to HTTP connections (TFTP transfers, the store and BMC calls need the rest),
+    /// and at most 4,096.
+    pub fn for_fd_limit(nofile: u64) -> ConnLimits {
+        let max = usize::try_from(nofile / 2)
+            .unwrap_or(usize::MAX)
+            .clamp(16, 4096);
+        ConnLimits {
+            max,
+            reserve: (max / 16).max(4),
+        }
+    }
+}
+
 /// Raises the soft open-files limit to the hard one (systemd gives services 1,024
 /// soft, far more hard) and returns the soft limit now in force.
 pub fn raise_fd_limit() -> u64 {

@@ -6,8 +6,12 @@
 //! transition accepted it, so a node quarantined, failed or superseded between the
 //! read and the answer gets local boot, never an installer whose token was revoked.
 
+use std::net::IpAddr;
+
+use crate::credential;
 use crate::images::{Arch, Family, ImageError, StoredImage};
 use crate::install::{InstallContext, InstallError};
+use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{Event, State};
 use crate::model::{Mac, NodeArch};
 use crate::script::{Action, ArchBoot};
@@ -21,6 +25,8 @@ use crate::wire::{DeployPlan, DiskImageRef, PlanFile, WipePolicy};
 pub enum ProvisionError {
     #[error("node {0} has no image")]
     NoImage(i64),
+    #[error("node {0} has no agent token (its reinstall predates them: request a new one)")]
+    NoAgentToken(i64),
     #[error("image {0} is not imported")]
     NotImported(String),
     #[error("image {image} has no media for architecture {arch}")]
@@ -79,10 +85,15 @@ fn mirror(st: &AppState, base: &str) -> String {
 /// What `/boot/{mac}.ipxe` tells this node to do, and why. Serving the installer
 /// to a `netbooting` node moves it to `installing`; once the installer called back,
 /// the node gets local boot, so firmware that keeps PXE first never loops.
-pub async fn boot_action(st: &AppState, mac: Mac, base: &str) -> (Action, String) {
+pub async fn boot_action(
+    st: &AppState,
+    mac: Mac,
+    base: &str,
+    client: Option<IpAddr>,
+) -> (Action, String) {
     st.stats.scripts.inc();
     match st.store.node_by_mac(mac).await {
-        Ok(Some(n)) => boot_action_for(st, n, base).await,
+        Ok(Some(n)) => boot_action_for(st, n, base, client).await,
         Ok(None) => {
             st.stats.unknown_scripts.inc();
             (
@@ -100,8 +111,14 @@ pub async fn boot_action(st: &AppState, mac: Mac, base: &str) -> (Action, String
     }
 }
 
-/// [`boot_action`] for a node row read a moment ago (it may be stale by now).
-pub async fn boot_action_for(st: &AppState, node: NodeRow, base: &str) -> (Action, String) {
+/// [`boot_action`] for a node row read a moment ago (it may be stale by now), asked
+/// by `client` (`None`: unknown, and then no installer is served).
+pub async fn boot_action_for(
+    st: &AppState,
+    node: NodeRow,
+    base: &str,
+    client: Option<IpAddr>,
+) -> (Action, String) {
     if node.state == State::Discovered {
         return (
             Action::Discovery,
@@ -117,6 +134,26 @@ pub async fn boot_action_for(st: &AppState, node: NodeRow, base: &str) -> (Actio
             format!("node {} is {}", node.id, node.state),
         );
     };
+    // The boot token goes out only to an address it can be bound to.
+    let bound = match st.whereabouts(&node).await {
+        Ok(w) => match credential::bind(&w, client) {
+            Ok(ip) => ip,
+            Err(why) => {
+                st.stats.installers_wrong_address.inc();
+                tracing::warn!(node = node.id, client = ?client, reason = %why, "installer not served");
+                st.audit_refusal(&node, "installer_refused", &why.to_string())
+                    .await;
+                return (Action::LocalBoot, format!("installer not served: {why}"));
+            }
+        },
+        Err(e) => {
+            tracing::error!(node = node.id, error = %e, "loading where the node may be");
+            return (
+                Action::LocalBoot,
+                "store unavailable: booting local disk".into(),
+            );
+        }
+    };
     let action = match install_action(st, &node, base, token).await {
         Ok(a) => a,
         Err(e) => {
@@ -128,11 +165,27 @@ pub async fn boot_action_for(st: &AppState, node: NodeRow, base: &str) -> (Actio
     let ev = Event::InstallerServed {
         generation: node.generation,
     };
-    match st.lifecycle.apply(node.id, &ev, "script").await {
+    let hooks = Hooks {
+        boot_ip: Some(bound),
+        ..Hooks::default()
+    };
+    match st.lifecycle.apply_with(node.id, &ev, "script", hooks).await {
         Ok(applied)
             if applied.node.state == State::Installing
                 && applied.node.generation == node.generation =>
         {
+            // Bound to this client now or by an earlier fetch from the same address; a
+            // concurrent fetch from elsewhere that won the binding leaves this one out.
+            if applied.node.boot_ip.as_deref() != Some(bound.to_string().as_str()) {
+                st.stats.installers_wrong_address.inc();
+                return (
+                    Action::LocalBoot,
+                    format!(
+                        "installer not served: this install was served to {} meanwhile",
+                        applied.node.boot_ip.as_deref().unwrap_or("no address")
+                    ),
+                );
+            }
             st.stats.installers_served.inc();
             (
                 action,
@@ -227,7 +280,19 @@ fn context<'a>(
         Family::Disk => format!("{base}/images/"),
         _ => mirror(st, base),
     };
-    let mut ctx = InstallContext::new(&img.def, arch, &mirror, base, token, &hostname_of(node))?;
+    let agent_token = node
+        .agent_token
+        .as_ref()
+        .ok_or(ProvisionError::NoAgentToken(node.id))?;
+    let mut ctx = InstallContext::new(
+        &img.def,
+        arch,
+        &mirror,
+        base,
+        token,
+        agent_token.as_str(),
+        &hostname_of(node),
+    )?;
     ctx.ssh_authorized_keys = st
         .cfg
         .ssh_authorized_keys
@@ -310,7 +375,8 @@ pub async fn deploy_plan(
         files: vec![
             PlanFile {
                 path: crate::install::AGENT_SCRIPT_PATH.into(),
-                mode: 0o755,
+                // Root only: it holds the agent token.
+                mode: 0o700,
                 content: format!("{}\n", agent.script),
             },
             PlanFile {

@@ -1,14 +1,17 @@
 //! The state shared by the HTTP handlers, the discovery task and the workers.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::credential::Whereabouts;
 use crate::discovery::Discovery;
 use crate::lifecycle::transition::Policy;
 use crate::lifecycle::worker::{BmcConnector, Lifecycle};
 use crate::metrics::{Counter, Render, sample};
+use crate::store::nodes::NodeRow;
 use crate::store::{Store, StoreError};
 
 /// Counters of the HTTP side.
@@ -23,6 +26,13 @@ pub struct AppStats {
     /// Script fetches from MACs pxed does not know (answered, never stored).
     pub unknown_scripts: Counter,
     pub deploy_plans: Counter,
+    /// A node's token from an address it is not bound to.
+    pub wrong_address_tokens: Counter,
+    /// A node's token used for another stage's call (boot token for first-boot, ...).
+    pub wrong_stage_tokens: Counter,
+    /// Installers not served: the script was fetched from an address the boot token
+    /// could not be bound to.
+    pub installers_wrong_address: Counter,
 }
 
 /// State shared by the HTTP handlers and workers.
@@ -38,9 +48,18 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Unknown netboot clients seen by DHCP become `discovered` nodes.
     pub discovery: Discovery,
+    /// Status-page event streams open at once (bounded).
+    pub subscribers: Arc<tokio::sync::Semaphore>,
     /// HTTP connection limits (from the open-files limit at start).
-    pub conn_limits: crate::http::ConnLimits,
+    pub conn_limits: crate::net::ConnLimits,
+    /// Refusals already in a node's audit log, by node, generation, event and detail
+    /// (which names the call and the addresses): one row each however often a request
+    /// is repeated (cleared when full).
+    refusals: Mutex<HashSet<(i64, i64, String)>>,
 }
+
+/// Most distinct refusals remembered before the memory is cleared.
+const MAX_REFUSALS: usize = 4096;
 
 impl AppState {
     /// Builds the state; `bmcs` is the BMC connector (tests pass a recording double).
@@ -54,6 +73,7 @@ impl AppState {
         let policy = Policy::from_config(&cfg.lifecycle);
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
         let store_health: Arc<dyn Render> = store.health();
+        let discovery = cfg.discovery;
         Arc::new(AppState {
             cfg,
             store,
@@ -62,8 +82,12 @@ impl AppState {
             stats: AppStats::default(),
             renders: Mutex::new(vec![store_health]),
             shutdown: cancel,
-            discovery: Discovery::default(),
-            conn_limits: crate::http::ConnLimits::for_fd_limit(crate::net::fd_limit()),
+            discovery: Discovery::new(discovery),
+            conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
+            subscribers: Arc::new(tokio::sync::Semaphore::new(
+                crate::http::status::MAX_SUBSCRIBERS,
+            )),
+            refusals: Mutex::new(HashSet::new()),
         })
     }
 
@@ -103,9 +127,34 @@ impl AppState {
                 &s.stale_tokens,
             ),
             (
+                "pxed_callbacks_wrong_address_total",
+                "Callbacks and configs refused: the token came from an address it is not bound to",
+                &s.wrong_address_tokens,
+            ),
+            (
+                "pxed_callbacks_wrong_stage_total",
+                "Callbacks and configs refused: the boot token for the agent's calls or the reverse",
+                &s.wrong_stage_tokens,
+            ),
+            (
+                "pxed_http_installers_wrong_address_total",
+                "Installers not served: the script was fetched from an address the token cannot be bound to",
+                &s.installers_wrong_address,
+            ),
+            (
                 "pxed_nodes_discovered_total",
                 "Unknown machines registered as discovered",
                 &self.discovery.discovered,
+            ),
+            (
+                "pxed_discovery_refused_cap_total",
+                "Unknown netboot clients not stored: discovery.max_pending nodes wait already",
+                &self.discovery.refused_cap,
+            ),
+            (
+                "pxed_discovery_refused_rate_total",
+                "Unknown netboot clients not stored: over discovery.per_minute",
+                &self.discovery.refused_rate,
             ),
         ] {
             sample(&mut out, name, help, "counter", c.get());
@@ -117,16 +166,73 @@ impl AppState {
         out
     }
 
-    /// `http://server_ip[:port]` when the request did not say which host it reached.
+    /// `http://server_ip[:port]` from the configuration alone.
     pub fn default_base_url(&self) -> String {
-        let ip = self
-            .cfg
-            .server_ip
-            .map(|i| i.to_string())
-            .unwrap_or_else(|| self.cfg.http.ip().to_string());
-        match self.cfg.http.port() {
-            80 => format!("http://{ip}"),
-            p => format!("http://{ip}:{p}"),
+        self.base_url_at(None)
+    }
+
+    /// The base of the URLs pxed hands out on a connection that arrived on `local`:
+    /// `server_ip` when configured, else the address the client connected to (pxed's
+    /// own, whatever the client claims in `Host`); the port the connection arrived on
+    /// (the configured one, or the real one when the configured port was 0). Without a
+    /// connection, the configured HTTP address.
+    pub fn base_url_at(&self, local: Option<std::net::SocketAddr>) -> String {
+        let (ip, port) = match local {
+            Some(l) => (l.ip().to_canonical(), l.port()),
+            None => (self.cfg.http.ip(), self.cfg.http.port()),
+        };
+        let ip = self.cfg.server_ip.map_or(ip, std::net::IpAddr::V4);
+        let host = match ip {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            v4 => v4.to_string(),
+        };
+        match port {
+            80 => format!("http://{host}"),
+            p => format!("http://{host}:{p}"),
+        }
+    }
+
+    /// Where `node` may be, for [`crate::credential`]: the address its boot token is
+    /// bound to, and in full DHCP mode the addresses leased to its MACs now.
+    pub async fn whereabouts(&self, node: &NodeRow) -> Result<Whereabouts, StoreError> {
+        let leases_known = self.cfg.dhcp.mode == crate::config::DhcpMode::Full;
+        let leased = if leases_known {
+            let now = i64::try_from(crate::dhcp::unix_now()).unwrap_or(i64::MAX);
+            self.store
+                .leased_ips(node.id, now)
+                .await?
+                .iter()
+                .filter_map(|ip| ip.parse().ok())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Whereabouts {
+            boot_ip: node.boot_ip.as_deref().and_then(|ip| ip.parse().ok()),
+            leased,
+            leases_known,
+        })
+    }
+
+    /// Writes a refusal (`event`, with `detail`: the call and the addresses, never a
+    /// token) to the node's audit log, once per node, generation, event and detail.
+    pub async fn audit_refusal(&self, node: &NodeRow, event: &str, detail: &str) {
+        let first = {
+            let mut seen = self.refusals.lock().expect("lock");
+            if seen.len() >= MAX_REFUSALS {
+                seen.clear();
+            }
+            seen.insert((node.id, node.generation, format!("{event} {detail}")))
+        };
+        if !first {
+            return;
+        }
+        if let Err(e) = self
+            .store
+            .note(node.id, node.generation, node.state, event, "http", detail)
+            .await
+        {
+            tracing::warn!(node = node.id, error = %e, "recording a refusal in the audit log");
         }
     }
 

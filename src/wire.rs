@@ -1,18 +1,20 @@
 //! Wire types shared by the server, the CLI and the agents: one definition of every
 //! JSON body that crosses a process boundary.
 //!
-//! Agents authenticate with the node's per-generation boot token, which is part of
-//! every URL below (`/cb/{token}/...`).
+//! Agents authenticate with one of the node's per-generation tokens, which is part of
+//! every URL below (`/cb/{token}/...`): the installer and the deploy agent with the
+//! boot token, the installed system's first-boot agent with its agent token (see
+//! [`crate::credential`] for which is accepted where, and from which address).
 //!
-//! | call | body |
-//! |---|---|
-//! | `GET /cb/{token}/deploy` | answer: [`DeployPlan`] (disk images only) |
-//! | `POST /cb/{token}/deploy/facts` | [`AgentFacts`] |
-//! | `POST /cb/{token}/deploy/progress` | [`DeployProgress`] |
-//! | `POST /cb/{token}/failure` | [`FailedReport`] (deploy agent, installers) |
-//! | `POST /cb/{token}/installed` | [`InstalledReport`] |
-//! | `POST /cb/{token}/first-boot` | [`FirstBootReport`] |
-//! | `POST /cb/{token}/health` | [`HealthReport`] |
+//! | call | token | body |
+//! |---|---|---|
+//! | `GET /cb/{token}/deploy` | boot | answer: [`DeployPlan`] (disk images only) |
+//! | `POST /cb/{token}/deploy/facts` | boot | [`AgentFacts`] |
+//! | `POST /cb/{token}/deploy/progress` | boot | [`DeployProgress`] |
+//! | `POST /cb/{token}/failure` | boot | [`FailedReport`] (deploy agent, installers) |
+//! | `POST /cb/{token}/installed` | boot | [`InstalledReport`] |
+//! | `POST /cb/{token}/first-boot` | agent | [`FirstBootReport`] |
+//! | `POST /cb/{token}/health` | agent | [`HealthReport`] |
 
 use serde::{Deserialize, Serialize};
 
@@ -51,7 +53,7 @@ pub struct Facts {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Sent by the first-boot agent to `<callback_base>/first-boot`.
+/// Sent by the first-boot agent to `<agent_base>/first-boot` (its agent token).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FirstBootReport {
     /// `uname -n` of the booted system.
@@ -74,7 +76,7 @@ pub enum HealthStatus {
     Fail,
 }
 
-/// Sent by the first-boot agent to `<callback_base>/health`.
+/// Sent by the first-boot agent to `<agent_base>/health` (its agent token).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthReport {
     /// Pass or fail.

@@ -954,7 +954,7 @@ mod tests {
             http_uri: None,
         });
         let v = serde_json::to_value(&r).unwrap();
-        assert_eq!(v["driver"], "redfish");
+        assert_eq!(v["driver"], Driver::Redfish.as_str());
         assert_eq!(v["power"], "Paused");
         assert_eq!(
             v["credentials"],
@@ -964,7 +964,7 @@ mod tests {
         assert_eq!(v["boot_override"]["mode"], "Uefi");
         assert_eq!(serde_json::from_value::<CheckReport>(v).unwrap(), r);
         let least: CheckReport = serde_json::from_value(serde_json::json!({
-            "driver": "ipmi", "address": "h",
+            "driver": Driver::Ipmi, "address": "h",
             "credentials": {"result": "refused", "message": "no"}}))
         .unwrap();
         assert_eq!(

@@ -1,6 +1,19 @@
-//! What installers and the first-boot agent talk to, authenticated by the node's
-//! per-generation boot token: generated install configs under `/cfg/{token}/...` and
-//! callbacks under `/cb/{token}/...`.
+//! What installers and the first-boot agent talk to: generated install configs under
+//! `/cfg/{token}/...` and callbacks under `/cb/{token}/...`.
+//!
+//! Every URL takes one of the node's two credentials for the current generation
+//! (see [`crate::credential`]), and each call names the one it needs; the path's shape
+//! is the same for both, so the kind is found by lookup, never trusted from the URL:
+//!
+//! | call | credential | from |
+//! |---|---|---|
+//! | `GET /cfg/{token}/{file}`, `GET /cb/{token}/deploy`, `POST /cb/{token}/deploy/{facts,progress}`, `POST /cb/{token}/{installed,failure}` | boot token | the address the installer was served to |
+//! | `POST /cb/{token}/{first-boot,health}` | agent token | anywhere on the VLAN (the installed OS has its own address) |
+//!
+//! In full DHCP mode both also need an address pxed leased to one of the node's MACs,
+//! when it leased any. A refusal is 403 JSON (`stale_token`, `token_wrong_stage`,
+//! `token_wrong_address`), counted in `/metrics`, logged and written to the node's
+//! audit log with the addresses involved, never the token.
 
 use std::sync::Arc;
 
@@ -10,7 +23,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use super::Conn;
 use super::error::{ApiError, JsonBody};
+use crate::credential::{self, Kind, Refusal};
 use crate::images::Arch;
 use crate::lifecycle::transition::Event;
 use crate::state::AppState;
@@ -32,46 +47,88 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/cb/{token}/health", post(health))
 }
 
-/// The node that holds `token` now. An unknown token (another node's old one, or an
-/// older generation's) is refused with 403 and logged without the token itself.
-async fn by_token(st: &AppState, token: &str, what: &str) -> Result<NodeRow, ApiError> {
-    match st.store.node_by_token(token).await? {
-        Some(n) => Ok(n),
-        None => {
-            tracing::warn!(
-                token_prefix = token.get(..6).unwrap_or(""),
-                what,
-                "refused: unknown or stale boot token"
-            );
-            st.stats.stale_tokens.inc();
-            Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "stale_token",
-                "unknown or stale boot token: this install was superseded",
-            ))
+/// The node that holds `token` now, if `wanted` is the kind of credential it is and
+/// the request comes from where that credential may be used. An unknown token (another
+/// node's old one, or an older generation's) is refused with 403 and logged without
+/// the token itself; so are the wrong kind and the wrong address.
+async fn by_token(
+    st: &AppState,
+    token: &str,
+    conn: Conn,
+    what: &str,
+    wanted: Kind,
+) -> Result<NodeRow, ApiError> {
+    let prefix = token.get(..6).unwrap_or("");
+    let Some(n) = st.store.node_by_credential(token).await? else {
+        tracing::warn!(
+            token_prefix = prefix,
+            what,
+            client = ?conn.client,
+            "refused: unknown or stale token"
+        );
+        st.stats.stale_tokens.inc();
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "stale_token",
+            "unknown or stale token: this install was superseded",
+        ));
+    };
+    let presented = if n.boot_token.as_ref().is_some_and(|t| t.as_str() == token) {
+        Kind::Boot
+    } else {
+        Kind::Agent
+    };
+    let w = st.whereabouts(&n).await?;
+    let Err(why) = credential::admit(wanted, presented, &w, conn.client) else {
+        return Ok(n);
+    };
+    let (error, event) = match &why {
+        Refusal::WrongStage { .. } => {
+            st.stats.wrong_stage_tokens.inc();
+            ("token_wrong_stage", "token_refused_stage")
         }
-    }
+        Refusal::WrongAddress(_) => {
+            st.stats.wrong_address_tokens.inc();
+            ("token_wrong_address", "token_refused_address")
+        }
+    };
+    tracing::warn!(
+        node = n.id,
+        generation = n.generation,
+        what,
+        client = ?conn.client,
+        reason = %why,
+        "refused: {}",
+        presented.as_str()
+    );
+    let detail = format!("{} for {what}: {why}", presented.as_str());
+    st.audit_refusal(&n, event, &detail).await;
+    Err(ApiError::new(StatusCode::FORBIDDEN, error, why.to_string()))
 }
 
-/// `http://host[:port]` as the client reached us (falls back to the configured server).
-pub fn base_url(st: &AppState, headers: &HeaderMap) -> String {
-    if let Some(h) = headers.get(header::HOST).and_then(|h| h.to_str().ok())
+/// `http://host[:port]` for URLs in a response: the configured server (see
+/// [`AppState::base_url_at`]), or the request's `Host` header when the operator set
+/// `trust_host_header` (behind a proxy that sets it; a client can send any).
+pub fn base_url(st: &AppState, headers: &HeaderMap, conn: Conn) -> String {
+    if st.cfg.trust_host_header
+        && let Some(h) = headers.get(header::HOST).and_then(|h| h.to_str().ok())
         && !h.is_empty()
         && h.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-' | '[' | ']'))
     {
         return format!("http://{h}");
     }
-    st.default_base_url()
+    st.base_url_at(conn.local)
 }
 
 async fn config(
     State(st): State<Arc<AppState>>,
     Path((token, file)): Path<(String, String)>,
+    conn: Conn,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "config").await?;
-    let base = base_url(&st, &headers);
+    let n = by_token(&st, &token, conn, "config", Kind::Boot).await?;
+    let base = base_url(&st, &headers, conn);
     let text = crate::provision::render_config(&st, &n, &file, &base, &token).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
@@ -92,8 +149,9 @@ async fn apply_cb(st: &AppState, n: &NodeRow, event: Event) -> Result<Response, 
 async fn installed(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "installed").await?;
+    let n = by_token(&st, &token, conn, "installed", Kind::Boot).await?;
     apply_cb(
         &st,
         &n,
@@ -108,9 +166,10 @@ async fn installed(
 async fn first_boot(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
     JsonBody(r): JsonBody<FirstBootReport>,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "first-boot").await?;
+    let n = by_token(&st, &token, conn, "first-boot", Kind::Agent).await?;
     if r.hostname.is_empty() || r.hostname.len() > 253 {
         return Err(ApiError::bad_request("hostname must be 1..253 characters"));
     }
@@ -139,9 +198,10 @@ async fn first_boot(
 async fn health(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
     JsonBody(r): JsonBody<HealthReport>,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "health").await?;
+    let n = by_token(&st, &token, conn, "health", Kind::Agent).await?;
     let event = match r.status {
         HealthStatus::Pass => Event::HealthPassed {
             generation: n.generation,
@@ -163,9 +223,10 @@ async fn health(
 async fn failed(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
     JsonBody(r): JsonBody<FailedReport>,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "failure").await?;
+    let n = by_token(&st, &token, conn, "failure", Kind::Boot).await?;
     let (stage, reason) = (bounded(&r.stage, 64), bounded(&r.reason, 2000));
     if stage.is_empty() || reason.is_empty() {
         return Err(ApiError::bad_request("stage and reason must not be empty"));
@@ -201,9 +262,10 @@ fn bounded(s: &str, max: usize) -> String {
 async fn deploy_plan(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "deploy").await?;
+    let n = by_token(&st, &token, conn, "deploy", Kind::Boot).await?;
     if !n.state.serves_installer() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -211,7 +273,7 @@ async fn deploy_plan(
             format!("node {} is {}, not installing", n.id, n.state),
         ));
     }
-    let base = base_url(&st, &headers);
+    let base = base_url(&st, &headers, conn);
     let plan = crate::provision::deploy_plan(&st, &n, &base, &token).await?;
     st.store
         .note(
@@ -230,9 +292,10 @@ async fn deploy_plan(
 async fn deploy_facts(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
     JsonBody(f): JsonBody<AgentFacts>,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "deploy facts").await?;
+    let n = by_token(&st, &token, conn, "deploy facts", Kind::Boot).await?;
     let disks: Vec<String> = f
         .disks
         .iter()
@@ -266,9 +329,10 @@ async fn deploy_facts(
 async fn deploy_progress(
     State(st): State<Arc<AppState>>,
     Path(token): Path<String>,
+    conn: Conn,
     JsonBody(p): JsonBody<DeployProgress>,
 ) -> Result<Response, ApiError> {
-    let n = by_token(&st, &token, "deploy progress").await?;
+    let n = by_token(&st, &token, conn, "deploy progress", Kind::Boot).await?;
     let mut detail = format!("{}: {}", p.stage, bounded(&p.message, 500));
     if let Some(b) = p.bytes {
         detail.push_str(&format!(" ({b} bytes)"));

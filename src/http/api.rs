@@ -54,7 +54,8 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Compares secrets in constant time.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     use sha2::Digest;
     // Hashing first makes the comparison independent of the lengths too.
     let (ha, hb) = (sha2::Sha256::digest(a), sha2::Sha256::digest(b));
@@ -132,17 +133,13 @@ async fn get_node(
 ) -> Result<Json<NodeDetail>, ApiError> {
     let n = find(&st, &id).await?;
     let nid = n.id;
-    let boot_mac = st
-        .store
-        .interfaces(nid)
-        .await?
-        .into_iter()
-        .find(|i| i.is_boot)
-        .map(|i| i.mac);
+    // Boot MAC first.
+    let macs = st.store.macs(nid).await?;
+    let boot_mac = macs.first().copied();
     let bmc = st.store.bmc(nid).await?.map(bmc_view);
     let events = st.store.events(nid).await?;
     Ok(Json(NodeDetail {
-        node: view(&st, n).await?,
+        node: view_with(n, macs),
         boot_mac,
         bmc,
         events,
@@ -162,6 +159,15 @@ async fn create_node(
     }
     if macs.is_empty() {
         return Err(ApiError::bad_request("a node needs at least one MAC"));
+    }
+    // Nodes are found by id, MAC, name or hostname, in that order: a name that reads
+    // as an id or a MAC would be shadowed by it.
+    if let Some(name) = &req.name
+        && (name.parse::<i64>().is_ok() || name.parse::<Mac>().is_ok() || name.trim().is_empty())
+    {
+        return Err(ApiError::bad_request(format!(
+            "name `{name}` reads as a node id or a MAC address (or is empty); choose another"
+        )));
     }
     if let Some(m) = req.boot_mac
         && !macs.contains(&m)
@@ -298,7 +304,7 @@ async fn reinstall(
             format!("image {img} is not imported (pxed image add {img})"),
         ));
     }
-    let token = BootToken(random_token());
+    let token = BootToken::random();
     let event = Event::ReinstallRequested {
         image: req.image.clone().or_else(|| st.cfg.default_image.clone()),
         token,
@@ -317,6 +323,7 @@ async fn reinstall(
                 hostname_prefix: Some(&st.cfg.hostname_prefix),
                 idempotency_key: key.as_deref(),
                 answer: Some(&answer),
+                ..Hooks::default()
             },
         )
         .await?;

@@ -1,10 +1,12 @@
 //! HTTP: boot scripts, images and iPXE binaries, health and metrics.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -12,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::services::ServeDir;
 
 use crate::model::Mac;
+use crate::net::ConnLimits;
 use crate::script;
 use crate::state::AppState;
 
@@ -32,9 +35,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/boot/{file}", get(boot_script))
         .nest("/api/v1", api::routes(state.clone()))
         .merge(agent::routes())
-        .merge(status::routes())
-        .nest_service("/ipxe", ServeDir::new(&state.cfg.ipxe_dir))
-        .nest_service("/images", ServeDir::new(&state.cfg.images_dir))
+        .merge(status::routes(state.clone()))
+        .nest_service("/ipxe", files(&state.cfg.ipxe_dir))
+        .nest_service("/images", files(&state.cfg.images_dir))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -46,30 +49,6 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Header-read timeout of a connection taken from the reserve (see [`ConnLimits`]).
 pub const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How many connections HTTP holds at once, and how many of those are kept for the
-/// API, health and metrics when the rest are taken (by a flood of idle connections,
-/// say). Connections beyond both are closed at once and counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnLimits {
-    pub max: usize,
-    pub reserve: usize,
-}
-
-impl ConnLimits {
-    /// Limits that fit the process's file-descriptor limit: at most half of it goes
-    /// to HTTP connections (TFTP transfers, the store and BMC calls need the rest),
-    /// and at most 4,096.
-    pub fn for_fd_limit(nofile: u64) -> ConnLimits {
-        let max = usize::try_from(nofile / 2)
-            .unwrap_or(usize::MAX)
-            .clamp(16, 4096);
-        ConnLimits {
-            max,
-            reserve: (max / 16).max(4),
-        }
-    }
-}
 
 /// HTTP connection counters, rendered at `/metrics`.
 #[derive(Debug, Default)]
@@ -119,9 +98,86 @@ fn reserved_path(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics") || path.starts_with("/api/")
 }
 
+/// Static files under `root` (Range, ETag, HEAD through tower-http's `ServeDir`), but
+/// only regular files whose real path lies inside `root`: a FIFO or device would
+/// hang a reader thread, and a symlink must not lead out of the served tree.
+fn files(
+    root: &std::path::Path,
+) -> impl tower::Service<
+    axum::extract::Request,
+    Response = Response,
+    Error = std::convert::Infallible,
+    Future = impl Send + 'static,
+> + Clone
++ Send
++ 'static {
+    let root = Arc::new(root.to_owned());
+    let serve = ServeDir::new(&*root);
+    tower::Layer::layer(
+        &axum::middleware::from_fn_with_state(root, regular_files_only),
+        serve,
+    )
+}
+
+async fn regular_files_only(
+    State(root): State<Arc<std::path::PathBuf>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let rel = percent_encoding::percent_decode_str(req.uri().path())
+        .decode_utf8_lossy()
+        .trim_start_matches('/')
+        .to_string();
+    let allowed = tokio::task::spawn_blocking(move || {
+        let root = std::fs::canonicalize(&*root).ok()?;
+        let real = std::fs::canonicalize(root.join(&rel)).ok()?;
+        // metadata() follows links: `real` has none left, so this is the file itself.
+        let meta = std::fs::metadata(&real).ok()?;
+        Some(real.starts_with(&root) && meta.is_file())
+    })
+    .await
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    if !allowed {
+        return (StatusCode::NOT_FOUND, "not found\n").into_response();
+    }
+    next.run(req).await
+}
+
+/// The address a connection arrived on (ours): inserted by [`serve`] next to the
+/// peer's `ConnectInfo`.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr(pub SocketAddr);
+
+/// Both ends of the request's connection, as far as known: a router driven without
+/// [`serve`] (a test calling it directly) has neither, and every decision that needs
+/// them treats "unknown" as the unsafe case.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Conn {
+    /// The client's address (IPv4 clients of a dual-stack socket as IPv4).
+    pub client: Option<IpAddr>,
+    /// The address the client connected to.
+    pub local: Option<SocketAddr>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Conn {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Conn {
+            client: parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|c| crate::credential::canonical(c.0.ip())),
+            local: parts.extensions.get::<LocalAddr>().map(|l| l.0),
+        })
+    }
+}
+
 /// Serves until `cancel` fires, then drains open connections. Every connection has a
-/// header-read timeout and counts against [`ConnLimits`]; the peer address is
-/// available to handlers as `ConnectInfo<SocketAddr>`.
+/// header-read timeout and counts against [`ConnLimits`]; handlers see both ends of
+/// the connection through [`Conn`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -131,7 +187,7 @@ pub async fn serve(
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tokio::sync::Semaphore;
 
-    let limits = state.conn_limits;
+    let limits: ConnLimits = state.conn_limits;
     let stats = Arc::new(ConnStats::default());
     state.renders.lock().expect("lock").push(stats.clone());
     let app = router(state);
@@ -167,10 +223,14 @@ pub async fn serve(
                 }
             },
         };
+        let local = stream.local_addr().ok();
         let app = app.clone();
         let svc =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));
+                if let Some(l) = local {
+                    req.extensions_mut().insert(LocalAddr(l));
+                }
                 let busy = reserved && !reserved_path(req.uri().path());
                 let app = app.clone();
                 async move {
@@ -259,6 +319,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 async fn boot_script(
     State(st): State<Arc<AppState>>,
     Path(file): Path<String>,
+    conn: Conn,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let Some(mac) = file.strip_suffix(".ipxe").and_then(|m| {
@@ -269,8 +330,8 @@ async fn boot_script(
     }) else {
         return (StatusCode::NOT_FOUND, "expected /boot/<mac>.ipxe\n").into_response();
     };
-    let base = agent::base_url(&st, &headers);
-    let (action, reason) = crate::provision::boot_action(&st, mac, &base).await;
+    let base = agent::base_url(&st, &headers, conn);
+    let (action, reason) = crate::provision::boot_action(&st, mac, &base, conn.client).await;
     match script::render(&mac.to_string(), &action, &reason) {
         Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
         Err(e) => {

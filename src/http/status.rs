@@ -1,6 +1,9 @@
 //! The technicians' status page: every node, where it is, since when and why it
-//! failed, updated live over server-sent events. Read-only and without secrets, so
-//! it needs no token (put it behind the provisioning network's access rules).
+//! failed, updated live over server-sent events. Read-only and without secrets, but
+//! it lists every node's MACs and state, so it needs a credential unless the
+//! operator sets `status_public` (the demo does, on loopback): the API token as a
+//! bearer token, or once as `/?token=…`, which sets a cookie holding a read-only
+//! viewer credential derived from it (the cookie cannot call the API).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,7 +15,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use futures::Stream;
 use serde::Serialize;
 
 use super::api::{NodeView, view};
@@ -21,12 +23,83 @@ use crate::state::AppState;
 use crate::store::nodes::EventRow;
 
 /// Routes of the status page.
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/", get(page))
         .route("/status.json", get(status_json))
         .route("/nodes/{id}", get(node_page))
         .route("/events", get(events))
+        .route_layer(axum::middleware::from_fn_with_state(state, viewer_auth))
+}
+
+/// The cookie that carries the viewer credential.
+const COOKIE: &str = "pxed_viewer";
+
+/// The read-only credential derived from the API token: what the cookie holds.
+pub fn viewer_credential(api_token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(format!("pxed-status-v1:{api_token}")))
+}
+
+/// Lets a request through when the page is public or it carries the API token
+/// (bearer) or the viewer cookie; `?token=<API token>` sets the cookie and redirects
+/// to the same page without the token in its URL.
+async fn viewer_auth(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use axum::http::StatusCode;
+    if st.cfg.status_public {
+        return next.run(req).await;
+    }
+    let viewer = viewer_credential(&st.api_token);
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let cookie = req
+        .headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().strip_prefix(&format!("{COOKIE}=")))
+        .any(|c| super::api::constant_time_eq(c.as_bytes(), viewer.as_bytes()));
+    if cookie
+        || bearer
+            .is_some_and(|b| super::api::constant_time_eq(b.as_bytes(), st.api_token.as_bytes()))
+    {
+        return next.run(req).await;
+    }
+    let query_token = req.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("token="))
+            .map(str::to_string)
+    });
+    if let Some(t) = query_token
+        && super::api::constant_time_eq(t.as_bytes(), st.api_token.as_bytes())
+    {
+        let path = req.uri().path().to_string();
+        return (
+            StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, path),
+                (
+                    header::SET_COOKIE,
+                    format!("{COOKIE}={viewer}; Path=/; HttpOnly; SameSite=Strict"),
+                ),
+            ],
+        )
+            .into_response();
+    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "the status page needs the API token: open /?token=<API token> once, or set status_public",
+    )
+    .into_response()
 }
 
 /// What the page shows.
@@ -107,11 +180,23 @@ fn render(t: impl Template) -> Result<Response, ApiError> {
 }
 
 /// `GET /events`: one SSE message per committed change.
-async fn events(
-    State(st): State<Arc<AppState>>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// Most status pages streaming at once; each holds a connection and a subscription.
+pub const MAX_SUBSCRIBERS: usize = 64;
+
+async fn events(State(st): State<Arc<AppState>>) -> Response {
+    let Ok(permit) = st.subscribers.clone().try_acquire_owned() else {
+        return ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "{MAX_SUBSCRIBERS} status pages are streaming already; /status.json still answers"
+            ),
+        )
+        .into_response();
+    };
     let rx = st.lifecycle.subscribe();
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
+    // The permit lives as long as the stream's state.
+    let stream = futures::stream::unfold((rx, permit), |(mut rx, permit)| async move {
         let event = match rx.recv().await {
             Ok(c) => Event::default()
                 .event("node")
@@ -122,9 +207,11 @@ async fn events(
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
         };
-        Some((Ok(event), rx))
+        Some((Ok::<_, Infallible>(event), (rx, permit)))
     });
     // Ends on shutdown: an open page must not hold SIGTERM for the drain deadline.
     let stream = futures::StreamExt::take_until(stream, st.shutdown.clone().cancelled_owned());
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }

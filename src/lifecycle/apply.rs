@@ -3,9 +3,10 @@
 //! are handed to the worker only after the commit.
 
 use super::transition::{
-    Effect, Event, Failure, Node, Outcome, Policy, TransitionError, transition,
+    Effect, Event, Failure, Node, Outcome, Policy, State, TransitionError, transition,
 };
-use crate::store::nodes::{self, NodeRow, NodeTx};
+use crate::model::AgentToken;
+use crate::store::nodes::{self, Audit, NodeRow, NodeTx};
 use crate::store::{Store, StoreError};
 
 /// Errors from applying an event.
@@ -87,6 +88,21 @@ pub async fn apply(
     new.attempt = i64::from(t.node.attempt);
     new.image = t.node.image.clone();
     new.boot_token = t.node.token.clone();
+    // The agent token and the bound address belong to the boot token: a new one (a
+    // reinstall) brings a fresh agent token and no address yet; none (the node came to
+    // rest or failed) takes both away.
+    if new.boot_token != row.boot_token {
+        new.agent_token = new.boot_token.as_ref().map(|_| AgentToken::random());
+        new.boot_ip = None;
+    }
+    // A retried reclaim power-cycles the machine: the next netboot binds afresh, so
+    // whoever fetched the last attempt's script keeps nothing.
+    if t.entered && new.state == State::Reclaiming {
+        new.boot_ip = None;
+    }
+    if let Some(ip) = hooks.boot_ip {
+        new.boot_ip = Some(ip.to_string());
+    }
     new.failed_step = t.node.failure.as_ref().map(|f| f.step);
     new.failed_reason = t.node.failure.as_ref().map(|f| f.reason.clone());
     if let Some(r) = &t.report {
@@ -100,15 +116,11 @@ pub async fn apply(
     }
     new.version += 1;
     let detail = event.detail();
-    tx.append_event(
-        id,
-        new.generation,
-        Some(row.state),
-        event.name(),
-        new.state,
-        actor,
-        detail.as_deref(),
-    )
+    tx.append_event(&Audit {
+        from: Some(row.state),
+        detail: detail.as_deref(),
+        ..Audit::new(id, new.generation, event.name(), new.state, actor)
+    })
     .await?;
     if let (Some(key), Some(answer)) = (hooks.idempotency_key, hooks.answer) {
         let text = answer(&new, &outcome);
@@ -130,6 +142,9 @@ pub struct Hooks<'a> {
     /// Record the answer under this idempotency key in the same transaction.
     pub idempotency_key: Option<&'a str>,
     pub answer: Option<&'a Answer>,
+    /// Bind the boot token to this address (the installer is being served to it);
+    /// written only if the event changes the node.
+    pub boot_ip: Option<std::net::IpAddr>,
 }
 
 /// Gives a node its hostname if it has none: prefix + the boot NIC's last MAC digits,

@@ -137,12 +137,7 @@ impl StoreBmcs {
     pub async fn endpoint(&self, store: &Store, id: i64) -> Result<BmcEndpoint, ConnectError> {
         let row = store.bmc(id).await?.ok_or(ConnectError::NoBmc)?;
         let password = store.bmc_secret(id).await?.unwrap_or_default();
-        let boot_mac = store
-            .interfaces(id)
-            .await?
-            .into_iter()
-            .find(|i| i.is_boot)
-            .map(|i| i.mac.to_string());
+        let boot_mac = store.boot_mac(id).await?.map(|m| m.to_string());
         Ok(BmcEndpoint {
             driver: row.driver,
             address: row.address,
@@ -177,6 +172,9 @@ impl BmcConnector for StoreBmcs {
         })
     }
 }
+
+/// How long an event the store could not take is retried (see `apply_logged`).
+pub const STORE_RETRY_FOR: Duration = Duration::from_secs(300);
 
 /// The lifecycle service: one per daemon.
 pub struct Lifecycle {
@@ -463,23 +461,43 @@ impl Lifecycle {
         Ok(r?)
     }
 
+    /// Applies an event the worker produced (a BMC answer, a deadline). A concurrent
+    /// writer (an agent callback) may win the version check: retried a few times. A
+    /// store that cannot write (full disk, I/O error) is retried with backoff until
+    /// it can, for up to [`STORE_RETRY_FOR`]: the BMC step really happened, and
+    /// dropping its event would leave the node waiting for its deadline.
     async fn apply_logged(self: &Arc<Self>, id: i64, event: Event, actor: &str) {
-        // A concurrent writer (an agent callback) may win the version check: retry a few times.
-        for _ in 0..5 {
+        let mut conflicts = 0;
+        let mut wait = Duration::from_millis(200);
+        let started = tokio::time::Instant::now();
+        loop {
             match self.apply(id, &event, actor).await {
-                Err(ApplyError::Conflict(_)) => continue,
+                Ok(_) => return,
+                Err(ApplyError::Conflict(_)) if conflicts < 5 => conflicts += 1,
+                Err(ApplyError::Conflict(_)) => {
+                    tracing::error!(
+                        node = id,
+                        event = event.name(),
+                        "event lost to repeated conflicts"
+                    );
+                    return;
+                }
+                Err(ApplyError::Store(e)) if started.elapsed() < STORE_RETRY_FOR => {
+                    tracing::warn!(node = id, event = event.name(), error = %e, retry_in = ?wait, "store did not take the event; retrying");
+                    tokio::select! {
+                        // CANCEL-SAFETY: nothing held; on restart the node resumes from the store.
+                        _ = self.cancel.cancelled() => return,
+                        // CANCEL-SAFETY: sleeping holds no state.
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(10));
+                }
                 Err(e) => {
                     tracing::warn!(node = id, event = event.name(), error = %e, "event not applied");
                     return;
                 }
-                Ok(_) => return,
             }
         }
-        tracing::error!(
-            node = id,
-            event = event.name(),
-            "event lost to repeated conflicts"
-        );
     }
 
     /// Re-arms deadlines and re-runs interrupted BMC steps from the store (after a
@@ -550,7 +568,11 @@ mod tests {
         );
         assert_eq!(
             e.labels(),
-            ["redfish", "set_netboot", "override_not_applied"]
+            [
+                Driver::Redfish.as_str(),
+                BmcStep::SetNetboot.as_str(),
+                "override_not_applied"
+            ]
         );
 
         let e = BmcCallError::new(BmcStep::PowerCycle, ConnectError::NoBmc);

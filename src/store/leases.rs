@@ -59,6 +59,20 @@ impl Store {
             .collect())
     }
 
+    /// The addresses bound at `now` (Unix seconds) to any MAC of node `node_id`. A lease
+    /// row is written before its ACK goes out, so this is what the node was told.
+    pub async fn leased_ips(&self, node_id: i64, now: i64) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT ip FROM leases
+               WHERE state = 'bound' AND expires_at > ?
+                 AND mac IN (SELECT mac FROM interfaces WHERE node_id = ?)"#,
+            now,
+            node_id
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Writes a batch atomically: durable when this returns `Ok`.
     ///
     /// Writes apply in order; only the last one per address matters, so the batch is

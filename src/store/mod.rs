@@ -5,6 +5,7 @@
 pub mod images;
 pub mod leases;
 pub mod nodes;
+pub mod secrets;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -48,6 +49,8 @@ pub enum StoreError {
         path: std::path::PathBuf,
         source: nix::Error,
     },
+    #[error(transparent)]
+    Secret(#[from] secrets::SecretError),
     #[error("the write check did not finish within {0:?}")]
     ProbeTimeout(Duration),
 }
@@ -111,6 +114,8 @@ pub struct Store {
     /// and a second backend changes nothing outside `store`.
     pool: SqlitePool,
     health: Arc<StoreHealth>,
+    /// Seals BMC passwords at rest.
+    key: Arc<secrets::SecretKey>,
 }
 
 impl Store {
@@ -158,8 +163,10 @@ impl Store {
             held.push(pool.acquire().await?);
         }
         drop(held);
-        let store = Store { pool, health };
+        let key = Arc::new(secrets::SecretKey::load(data_dir)?);
+        let store = Store { pool, health, key };
         store.check(&file).await?;
+        store.seal_plaintext_secrets().await?;
         Ok(store)
     }
 
@@ -277,6 +284,65 @@ fn prepare_files(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// BMC passwords are sealed in the database, open through the store, and rows
+    /// stored in plain text by an older pxed are sealed on the next start.
+    #[tokio::test]
+    async fn bmc_passwords_are_sealed_at_rest() {
+        use crate::model::{Driver, Mac, NodeArch, State};
+        use crate::store::nodes::{BmcRow, NewNode};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let bmc = BmcRow {
+            node_id: 0,
+            driver: Driver::Redfish,
+            address: "https://10.0.0.9".into(),
+            username: "root".into(),
+            system_id: None,
+            tls_pin: None,
+            tls_insecure: false,
+        };
+        let n = NewNode {
+            name: None,
+            arch: NodeArch::UNKNOWN,
+            state: State::Available,
+            macs: vec![Mac([0x52, 0x54, 0, 0, 0, 1])],
+            boot_mac: None,
+            bmc: Some((bmc, "s3cret-pw".into())),
+        };
+        let id = store.create_node(&n, "test").await.unwrap();
+        let raw: String = sqlx::query_scalar("SELECT password FROM bmc_secrets")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert!(raw.starts_with("v1:") && !raw.contains("s3cret"), "{raw}");
+        assert_eq!(
+            store.bmc_secret(id).await.unwrap().as_deref(),
+            Some("s3cret-pw")
+        );
+        // A plaintext row from before: sealed on the next open, still readable.
+        sqlx::query("UPDATE bmc_secrets SET password = 'old-plain'")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        store.close().await;
+        let store = Store::open(dir.path()).await.unwrap();
+        let raw: String = sqlx::query_scalar("SELECT password FROM bmc_secrets")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert!(raw.starts_with("v1:"), "{raw}");
+        assert_eq!(
+            store.bmc_secret(id).await.unwrap().as_deref(),
+            Some("old-plain")
+        );
+        // The database alone, with another key, opens nothing.
+        store.close().await;
+        std::fs::write(dir.path().join("secret-key"), "00".repeat(32)).unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let e = store.bmc_secret(id).await.unwrap_err().to_string();
+        assert!(e.contains("does not open with this secret key"), "{e}");
+    }
 
     #[tokio::test]
     async fn files_are_private_and_damaged_files_are_refused() {

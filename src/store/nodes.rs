@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use super::{Store, StoreError};
-use crate::model::{Arch, BootToken, Driver, Mac, NodeArch, State, Step};
+use crate::model::{AgentToken, Arch, BootToken, Driver, Mac, NodeArch, State, Step};
 
 /// A node as stored (no secrets: those live in `bmc_secrets`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -22,6 +22,12 @@ pub struct NodeRow {
     pub image: Option<String>,
     #[serde(skip)]
     pub boot_token: Option<BootToken>,
+    /// The first-boot agent's credential for this generation (see [`AgentToken`]).
+    #[serde(skip)]
+    pub agent_token: Option<AgentToken>,
+    /// The address the installer was served to: the only one the boot token is
+    /// accepted from (`None` until then, and whenever the boot token changes).
+    pub boot_ip: Option<String>,
     pub failed_step: Option<Step>,
     pub failed_reason: Option<String>,
     pub facts: Option<String>,
@@ -104,9 +110,10 @@ impl Store {
             .await?;
         }
         if let Some((b, password)) = &n.bmc {
-            set_bmc_tx(&mut tx, id, b, Some(password)).await?;
+            set_bmc_tx(&mut tx, &self.key, id, b, Some(password)).await?;
         }
-        append_event(&mut tx, id, 0, None, "registered", n.state, actor, None).await?;
+        let e = Audit::new(id, 0, "registered", n.state, actor);
+        append_event(&mut tx, &e).await?;
         tx.commit().await?;
         Ok(id)
     }
@@ -114,7 +121,7 @@ impl Store {
     /// One node by id.
     pub async fn node(&self, id: i64) -> Result<Option<NodeRow>, StoreError> {
         Ok(
-            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -132,7 +139,7 @@ impl Store {
         }
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
             reference,
             reference
         )
@@ -144,17 +151,18 @@ impl Store {
     pub async fn node_by_mac(&self, mac: Mac) -> Result<Option<NodeRow>, StoreError> {
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
             mac
         )
         .fetch_optional(&self.pool)
         .await?)
     }
 
-    /// The node whose current boot token is `token`.
-    pub async fn node_by_token(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
+    /// The node whose current boot token or agent token is `token` (the caller tells
+    /// which by comparing; both are unique and random, so at most one node matches).
+    pub async fn node_by_credential(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
         Ok(
-            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ?"#, token)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ? OR agent_token = ?"#, token, token)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -162,7 +170,7 @@ impl Store {
 
     /// All nodes, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -172,7 +180,7 @@ impl Store {
         let states = serde_json::json!(states).to_string();
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
             states
         )
         .fetch_all(&self.pool)
@@ -201,25 +209,19 @@ impl Store {
             .collect())
     }
 
-    /// Interfaces of a node.
-    pub async fn interfaces(&self, node_id: i64) -> Result<Vec<InterfaceRow>, StoreError> {
-        Ok(sqlx::query_as!(
-            InterfaceRow,
-            r#"SELECT mac AS "mac: _", node_id, is_boot AS "is_boot: _" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
+    /// The MACs of a node, boot MAC first.
+    pub async fn macs(&self, node_id: i64) -> Result<Vec<Mac>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
             node_id
         )
         .fetch_all(&self.pool)
         .await?)
     }
 
-    /// The MACs of a node, boot MAC first.
-    pub async fn macs(&self, node_id: i64) -> Result<Vec<Mac>, StoreError> {
-        Ok(self
-            .interfaces(node_id)
-            .await?
-            .into_iter()
-            .map(|i| i.mac)
-            .collect())
+    /// The boot NIC of a node.
+    pub async fn boot_mac(&self, node_id: i64) -> Result<Option<Mac>, StoreError> {
+        Ok(self.macs(node_id).await?.into_iter().next())
     }
 
     /// The audit log of a node, oldest first.
@@ -242,14 +244,42 @@ impl Store {
         )
     }
 
-    /// The BMC password of a node. Only the BMC worker calls this.
+    /// The BMC password of a node, opened with the secret key. Only the BMC worker
+    /// calls this.
     pub async fn bmc_secret(&self, node_id: i64) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar!(
+        let stored = sqlx::query_scalar!(
             "SELECT password FROM bmc_secrets WHERE node_id = ?",
             node_id
         )
         .fetch_optional(&self.pool)
-        .await?)
+        .await?;
+        Ok(stored.map(|s| self.key.open(node_id, &s)).transpose()?)
+    }
+
+    /// Seals passwords stored in plain text by a pxed from before sealing.
+    pub(super) async fn seal_plaintext_secrets(&self) -> Result<(), StoreError> {
+        let rows = sqlx::query!("SELECT node_id, password FROM bmc_secrets")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut sealed = 0;
+        for r in rows {
+            if super::secrets::SecretKey::is_sealed(&r.password) {
+                continue;
+            }
+            let s = self.key.seal(r.node_id, &r.password);
+            sqlx::query!(
+                "UPDATE bmc_secrets SET password = ? WHERE node_id = ?",
+                s,
+                r.node_id
+            )
+            .execute(&self.pool)
+            .await?;
+            sealed += 1;
+        }
+        if sealed > 0 {
+            tracing::info!(sealed, "sealed BMC passwords stored in plain text");
+        }
+        Ok(())
     }
 
     /// Stores the TLS fingerprint pinned on first use.
@@ -267,7 +297,7 @@ impl Store {
     /// Deletes a node (its interfaces, BMC and secrets go with it; the audit log stays).
     pub async fn delete_node(&self, id: i64, actor: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+        let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(&mut *tx)
             .await?
         else {
@@ -276,17 +306,11 @@ impl Store {
         sqlx::query!("DELETE FROM nodes WHERE id = ?", id)
             .execute(&mut *tx)
             .await?;
-        append_event(
-            &mut tx,
-            id,
-            n.generation,
-            Some(n.state),
-            "deleted",
-            n.state,
-            actor,
-            None,
-        )
-        .await?;
+        let e = Audit {
+            from: Some(n.state),
+            ..Audit::new(id, n.generation, "deleted", n.state, actor)
+        };
+        append_event(&mut tx, &e).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -375,28 +399,8 @@ impl NodeTx {
     }
 
     /// Appends one audit row.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn append_event(
-        &mut self,
-        node_id: i64,
-        generation: i64,
-        from: Option<State>,
-        event: &str,
-        to: State,
-        actor: &str,
-        detail: Option<&str>,
-    ) -> Result<(), StoreError> {
-        append_event(
-            &mut self.tx,
-            node_id,
-            generation,
-            from,
-            event,
-            to,
-            actor,
-            detail,
-        )
-        .await
+    pub async fn append_event(&mut self, e: &Audit<'_>) -> Result<(), StoreError> {
+        append_event(&mut self.tx, e).await
     }
 
     /// Records an idempotency key's answer with the change that produced it.
@@ -428,7 +432,7 @@ impl NodeTx {
 /// Loads a node inside a transaction.
 async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<NodeRow>, StoreError> {
     Ok(
-        sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+        sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(conn)
             .await?,
     )
@@ -443,8 +447,8 @@ async fn update_node_tx(
 ) -> Result<bool, StoreError> {
     let r = sqlx::query!(
         r#"UPDATE nodes SET state = ?, state_since = ?, version = version + 1, generation = ?,
-               attempt = ?, image = ?, boot_token = ?, failed_step = ?, failed_reason = ?,
-               facts = ?, hostname = ?, arch = ?
+               attempt = ?, image = ?, boot_token = ?, agent_token = ?, boot_ip = ?,
+               failed_step = ?, failed_reason = ?, facts = ?, hostname = ?, arch = ?
            WHERE id = ? AND version = ?"#,
         n.state,
         n.state_since,
@@ -452,6 +456,8 @@ async fn update_node_tx(
         n.attempt,
         n.image,
         n.boot_token,
+        n.agent_token,
+        n.boot_ip,
         n.failed_step,
         n.failed_reason,
         n.facts,
@@ -478,32 +484,54 @@ impl Store {
         detail: &str,
     ) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        append_event(
-            &mut conn,
+        let e = Audit {
+            from: Some(state),
+            detail: Some(detail),
+            ..Audit::new(node_id, generation, event, state, actor)
+        };
+        append_event(&mut conn, &e).await
+    }
+}
+
+/// One row of the audit log, as written.
+#[derive(Debug, Clone, Copy)]
+pub struct Audit<'a> {
+    pub node_id: i64,
+    pub generation: i64,
+    /// The state before (`None` for a registration).
+    pub from: Option<State>,
+    pub event: &'a str,
+    pub to: State,
+    pub actor: &'a str,
+    pub detail: Option<&'a str>,
+}
+
+impl<'a> Audit<'a> {
+    /// An entry with no `from` state and no detail.
+    pub fn new(node_id: i64, generation: i64, event: &'a str, to: State, actor: &'a str) -> Self {
+        Audit {
             node_id,
             generation,
-            Some(state),
+            from: None,
             event,
-            state,
+            to,
             actor,
-            Some(detail),
-        )
-        .await
+            detail: None,
+        }
     }
 }
 
 /// Appends one audit row.
-#[allow(clippy::too_many_arguments)]
-async fn append_event(
-    conn: &mut SqliteConnection,
-    node_id: i64,
-    generation: i64,
-    from: Option<State>,
-    event: &str,
-    to: State,
-    actor: &str,
-    detail: Option<&str>,
-) -> Result<(), StoreError> {
+async fn append_event(conn: &mut SqliteConnection, e: &Audit<'_>) -> Result<(), StoreError> {
+    let Audit {
+        node_id,
+        generation,
+        from,
+        event,
+        to,
+        actor,
+        detail,
+    } = *e;
     let at = now();
     sqlx::query!(
         r#"INSERT INTO node_events (node_id, generation, from_state, event, to_state, at, actor, detail)
@@ -544,6 +572,7 @@ async fn put_idempotent(
 
 async fn set_bmc_tx(
     tx: &mut Transaction<'_, Sqlite>,
+    key: &super::secrets::SecretKey,
     node_id: i64,
     b: &BmcRow,
     password: Option<&String>,
@@ -565,6 +594,7 @@ async fn set_bmc_tx(
     .execute(&mut **tx)
     .await?;
     if let Some(p) = password {
+        let p = key.seal(node_id, p);
         sqlx::query!(
             r#"INSERT INTO bmc_secrets (node_id, password) VALUES (?, ?)
                ON CONFLICT (node_id) DO UPDATE SET password = excluded.password"#,
@@ -614,21 +644,42 @@ impl Store {
             )
             .execute(&mut *tx)
             .await?;
-            append_event(
-                &mut tx,
-                id,
-                0,
-                None,
-                "registered",
-                state,
-                "discovery",
-                Some(arch.as_str()),
-            )
-            .await?;
+            let e = Audit {
+                detail: Some(arch.as_str()),
+                ..Audit::new(id, 0, "registered", state, "discovery")
+            };
+            append_event(&mut tx, &e).await?;
             created.push((id, *mac));
         }
         tx.commit().await?;
         Ok(created)
+    }
+
+    /// Which of `macs` belong to no node.
+    pub async fn unknown_macs(&self, macs: &[Mac]) -> Result<Vec<Mac>, StoreError> {
+        let list = serde_json::json!(macs).to_string();
+        let known: std::collections::HashSet<Mac> = sqlx::query_scalar!(
+            r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE mac IN (SELECT value FROM json_each(?))"#,
+            list
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .collect();
+        Ok(macs
+            .iter()
+            .copied()
+            .filter(|m| !known.contains(m))
+            .collect())
+    }
+
+    /// How many nodes are `discovered` (seen, not enrolled).
+    pub async fn pending_discovered(&self) -> Result<u64, StoreError> {
+        let state = State::Discovered;
+        let n = sqlx::query_scalar!("SELECT COUNT(*) FROM nodes WHERE state = ?", state)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Records the architecture a node reported (DHCP option 93 or the agent).
@@ -777,7 +828,7 @@ mod tests {
         assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 0);
         assert_eq!(counter.get("FROM interfaces ORDER BY node_id") - batch, 1);
         // The counter does see per-node queries: one for one node.
-        store.interfaces(listed[0].0.id).await.unwrap();
+        store.macs(listed[0].0.id).await.unwrap();
         assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 1);
         // And filtering by state happens in SQL.
         let some = store.nodes_in_states(&[State::Available]).await.unwrap();

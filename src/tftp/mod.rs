@@ -7,9 +7,16 @@
 //! are counted and dropped. A client ERROR (UEFI sends code 8 after its tsize
 //! probe) ends the transfer at once.
 //!
+//! Hostile clients are bounded: a few transfers per client address, a transfer
+//! whose client never answers its first packet is given up within a second, and
+//! until the client answers a transfer holds no thread and can be ended to make
+//! room for a newcomer (see `admission`). Only regular files under the root are
+//! served, and opening one never waits (see `path`).
+//!
 //! Written here rather than taken from async-tftp, which leaves dead transfers
 //! after such an ERROR and runs a second runtime.
 
+mod admission;
 mod options;
 pub mod packet;
 pub mod path;
@@ -47,10 +54,23 @@ pub struct TftpStats {
     /// Transfers the client ended: an ERROR packet (e.g. after UEFI's tsize probe) or
     /// a closed port (ICMP port unreachable).
     pub client_aborts: Counter,
-    /// Requests refused: path traversal, not found, WRQ, unsupported mode.
+    /// Requests refused: path traversal, not found, not a regular file, WRQ,
+    /// unsupported mode.
     pub refused: Counter,
-    /// Requests refused because `max_transfers` were in flight.
+    /// Of `refused`: a directory, FIFO, socket or device was asked for.
+    pub not_regular: Counter,
+    /// Requests refused because `max_transfers` were in flight, none of them
+    /// half-open.
     pub busy: Counter,
+    /// Requests refused because their client address had its limit of transfers
+    /// in flight.
+    pub busy_client: Counter,
+    /// Transfers given up because the client never acknowledged the OACK or DATA 1
+    /// (not counted in `failed`).
+    pub first_ack_timeouts: Counter,
+    /// Half-open transfers ended to make room for a new request (not counted in
+    /// `failed`).
+    pub evicted: Counter,
     /// Packets at the listening port that were not a valid request.
     pub malformed_dropped: Counter,
     /// Receive errors on the listening socket that were not transient (logged; the
@@ -104,9 +124,33 @@ impl Render for TftpStats {
         );
         c(
             out,
+            "not_regular",
+            "TFTP requests refused for a directory, FIFO, socket or device (also in refused).",
+            &self.not_regular,
+        );
+        c(
+            out,
             "busy",
             "TFTP requests refused at the transfer limit.",
             &self.busy,
+        );
+        c(
+            out,
+            "busy_client",
+            "TFTP requests refused at the per-client transfer limit.",
+            &self.busy_client,
+        );
+        c(
+            out,
+            "first_ack_timeouts",
+            "TFTP transfers whose client never acknowledged the first packet.",
+            &self.first_ack_timeouts,
+        );
+        c(
+            out,
+            "evicted",
+            "Half-open TFTP transfers ended to make room for a new request.",
+            &self.evicted,
         );
         c(
             out,
@@ -161,6 +205,6 @@ mod tests {
         s.render(&mut out);
         assert!(out.contains("pxed_tftp_busy_total 1\n"), "{out}");
         assert!(out.contains("pxed_tftp_active_transfers 1\n"), "{out}");
-        assert_eq!(out.matches("# TYPE").count(), 12);
+        assert_eq!(out.matches("# TYPE").count(), 16);
     }
 }

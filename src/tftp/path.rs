@@ -1,7 +1,9 @@
-//! Confines requested file names to the served root.
+//! Confines requested file names to the served root, and opens only regular files.
 
 use std::ffi::OsStr;
+use std::fs::{File, Metadata};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Why a file name is not served.
@@ -9,8 +11,10 @@ use std::path::{Component, Path, PathBuf};
 pub enum Refusal {
     /// Nothing there (answered with ERROR 1).
     NotFound,
-    /// `..`, NUL, a symlink out of the root, or not a regular file (ERROR 2).
+    /// `..`, NUL, or a symlink out of the root (ERROR 2).
     Forbidden,
+    /// A directory, FIFO, socket or device (ERROR 2).
+    NotRegular,
 }
 
 /// Maps a requested name to a canonical path inside `root`, which must itself be
@@ -52,6 +56,39 @@ pub fn resolve(root: &Path, name: &[u8]) -> Result<PathBuf, Refusal> {
     Ok(canonical)
 }
 
+/// Opens the regular file `name` under `root` (canonical) for reading. Symlinks are
+/// followed while they stay inside `root`. Never waits: a FIFO, device, socket or
+/// directory is refused from its metadata without being opened (opening a FIFO
+/// waits for a writer, opening a device can act on it), and should the path be
+/// swapped between that look and the open, the open does not wait either
+/// (`O_NONBLOCK`), does not follow a symlink in the last component (`O_NOFOLLOW`)
+/// and the opened file is checked again. (Swapping a directory along the path for
+/// a symlink in that instant needs write access to the root, which can place any
+/// file there anyway.)
+///
+/// Blocking: touches the file system, briefly.
+pub fn open(root: &Path, name: &[u8]) -> Result<(File, Metadata), Refusal> {
+    let path = resolve(root, name)?;
+    let io_refusal = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => Refusal::NotFound,
+        _ => Refusal::Forbidden,
+    };
+    if !std::fs::metadata(&path).map_err(io_refusal)?.is_file() {
+        return Err(Refusal::NotRegular);
+    }
+    // O_NONBLOCK has no effect on reading a regular file.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(&path)
+        .map_err(io_refusal)?;
+    let meta = file.metadata().map_err(io_refusal)?;
+    if !meta.is_file() {
+        return Err(Refusal::NotRegular);
+    }
+    Ok((file, meta))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,6 +123,33 @@ mod tests {
             b"out",
         ] {
             assert_eq!(resolve(&root, bad), Err(Refusal::Forbidden), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn opens_regular_files_only_and_never_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/f"), b"abc").unwrap();
+        nix::unistd::mkfifo(&root.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink("fifo", root.join("to-fifo")).unwrap();
+        std::os::unix::fs::symlink("sub/f", root.join("in")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", root.join("zero")).unwrap();
+        std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+        let (_, meta) = open(&root, b"in").unwrap();
+        assert_eq!(meta.len(), 3);
+        assert!(open(&root, b"/sub/f").is_ok());
+        let table: &[(&[u8], Refusal)] = &[
+            (b"fifo", Refusal::NotRegular),
+            (b"to-fifo", Refusal::NotRegular),
+            (b"sub", Refusal::NotRegular),
+            (b"sock", Refusal::NotRegular),
+            (b"zero", Refusal::Forbidden),
+            (b"nope", Refusal::NotFound),
+        ];
+        for (name, want) in table {
+            assert_eq!(open(&root, name).map(|_| ()), Err(*want), "{name:?}");
         }
     }
 }

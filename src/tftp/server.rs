@@ -10,19 +10,43 @@ use std::sync::Arc;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::options::negotiate;
+use super::admission::{Admission, Refused, Ticket};
+use super::options::{Negotiated, negotiate};
 use super::packet::{self, ClientPacket, ErrorCode, MAX_REQUEST, Mode};
-use super::path::{Refusal, resolve};
+use super::path::Refusal;
 use super::{TftpError, TftpStats};
 use crate::config::TftpSettings;
 
-/// Netascii files are converted in memory; larger ones are refused. Netascii is a
-/// relic (boot loaders ask for octet), so this only has to cover small text files.
-const MAX_NETASCII: u64 = 16 << 20;
+/// Netascii files are converted in memory when opened, before the client has
+/// answered; larger ones are refused, so a flood of half-open netascii requests
+/// holds at most this (about twice) per transfer slot. Netascii is a relic (boot
+/// loaders ask for octet): this covers iPXE scripts and boot-loader menus.
+const MAX_NETASCII: u64 = 64 << 10;
+
+/// Transfers one client address may have in flight. UEFI firmware has two at most
+/// (its tsize probe ends with an ERROR as the real request comes), iPXE and BIOS
+/// ROMs one; the cap keeps one address (or one forged address) from taking the
+/// slots of the others. Clients behind one NAT address share it.
+const MAX_PER_CLIENT: usize = 4;
+
+/// Files opened at once on the blocking pool. An open never waits (see
+/// `path::open`), so a few suffice; unbounded, a burst of requests starts a pool
+/// thread for each open still running when the next comes (a 600-request burst
+/// started about 60, idle for 10 s after).
+const OPENS: usize = 4;
+
+/// How long a half-open transfer waits for the client's first ACK (of the OACK or
+/// DATA 1), per try; at most the transfer's timeout.
+const FIRST_ACK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Sends of the OACK or DATA 1 before a silent client is given up: one loss is
+/// covered, and a half-open transfer frees its slot within a second whatever the
+/// configured timeout and retries, which apply once the client has answered (a
+/// client that lost both copies asks again, as PXE ROMs do).
+const FIRST_ACK_TRIES: u32 = 2;
 
 /// Serves files under `root` over TFTP on `socket` until `cancel` fires.
 ///
@@ -58,8 +82,9 @@ pub async fn serve(
         root,
         settings: settings.clone(),
         stats: stats.clone(),
+        opens: tokio::sync::Semaphore::new(OPENS),
     });
-    let slots = Arc::new(Semaphore::new(settings.max_transfers));
+    let admission = Admission::new(settings.max_transfers, MAX_PER_CLIENT);
     let transfers = TaskTracker::new();
     let mut buf = vec![0u8; MAX_REQUEST + 1];
     let mut cmsg = nix::cmsg_space!(libc::in_pktinfo);
@@ -111,12 +136,27 @@ pub async fn serve(
             let _ = socket.send_to(&out, peer).await;
             continue;
         }
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            stats.busy.inc();
-            tracing::warn!(%peer, file = %name, max = settings.max_transfers, "TFTP busy");
-            packet::encode_error(&mut out, ErrorCode::Undefined, "server busy");
-            let _ = socket.send_to(&out, peer).await;
-            continue;
+        let ticket = match admission.admit(peer.ip()) {
+            Ok(ticket) => ticket,
+            Err(Refused::Client) => {
+                // Counted; logged at debug, as a flood would log a line per packet.
+                stats.busy_client.inc();
+                tracing::debug!(%peer, file = %name, max = MAX_PER_CLIENT, "TFTP client at its transfer limit");
+                packet::encode_error(
+                    &mut out,
+                    ErrorCode::Undefined,
+                    "server busy (per-client limit)",
+                );
+                let _ = socket.send_to(&out, peer).await;
+                continue;
+            }
+            Err(Refused::Full) => {
+                stats.busy.inc();
+                tracing::warn!(%peer, file = %name, max = settings.max_transfers, "TFTP busy");
+                packet::encode_error(&mut out, ErrorCode::Undefined, "server busy");
+                let _ = socket.send_to(&out, peer).await;
+                continue;
+            }
         };
         let local_ip = dst.unwrap_or(local.ip());
         let owned = OwnedRequest {
@@ -132,8 +172,8 @@ pub async fn serve(
         stats.active.inc();
         let active = ActiveGuard(stats.clone());
         transfers.spawn(async move {
-            let _held: (OwnedSemaphorePermit, ActiveGuard) = (permit, active);
-            transfer(&ctx, peer, local_ip, owned, cancel).await;
+            let _active = active;
+            transfer(&ctx, peer, local_ip, owned, ticket, cancel).await;
         });
     };
     transfers.close();
@@ -149,6 +189,8 @@ struct Ctx {
     root: PathBuf,
     settings: TftpSettings,
     stats: Arc<TftpStats>,
+    /// Opens on the blocking pool at once (see `OPENS`).
+    opens: tokio::sync::Semaphore,
 }
 
 struct OwnedRequest {
@@ -243,7 +285,7 @@ fn recv_pktinfo(
 /// the port, so a stray sender can still be told ERROR 5 (RFC 1350 section 4);
 /// Linux hands a datagram to the socket whose binding matches it most closely.
 struct TransferSockets {
-    data: std::net::UdpSocket,
+    data: UdpSocket,
     strays: UdpSocket,
 }
 
@@ -266,8 +308,9 @@ fn bind_transfer(local: IpAddr, peer: SocketAddr) -> io::Result<TransferSockets>
     data.connect(&peer.into())?;
     strays.set_reuse_address(false)?;
     data.set_reuse_address(false)?;
+    data.set_nonblocking(true)?;
     Ok(TransferSockets {
-        data: data.into(),
+        data: UdpSocket::from_std(data.into())?,
         strays: UdpSocket::from_std(strays.into())?,
     })
 }
@@ -335,7 +378,10 @@ impl Source {
 struct OpenFailure {
     code: ErrorCode,
     message: &'static str,
+    /// Counted as refused (else as failed).
     refused: bool,
+    /// A directory, FIFO, socket or device.
+    not_regular: bool,
 }
 
 fn open(root: &Path, name: &[u8], netascii: bool) -> Result<(Source, u64), OpenFailure> {
@@ -343,21 +389,16 @@ fn open(root: &Path, name: &[u8], netascii: bool) -> Result<(Source, u64), OpenF
         code,
         message,
         refused: true,
+        not_regular: false,
     };
-    let path = resolve(root, name).map_err(|r| match r {
+    let (file, meta) = super::path::open(root, name).map_err(|r| match r {
         Refusal::NotFound => refuse(ErrorCode::NotFound, "file not found"),
         Refusal::Forbidden => refuse(ErrorCode::AccessViolation, "access violation"),
+        Refusal::NotRegular => OpenFailure {
+            not_regular: true,
+            ..refuse(ErrorCode::AccessViolation, "not a regular file")
+        },
     })?;
-    let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => refuse(ErrorCode::NotFound, "file not found"),
-        _ => refuse(ErrorCode::AccessViolation, "access violation"),
-    })?;
-    let meta = file
-        .metadata()
-        .map_err(|_| refuse(ErrorCode::AccessViolation, "access violation"))?;
-    if !meta.is_file() {
-        return Err(refuse(ErrorCode::AccessViolation, "not a regular file"));
-    }
     if !netascii {
         return Ok((Source::File(file), meta.len()));
     }
@@ -365,11 +406,18 @@ fn open(root: &Path, name: &[u8], netascii: bool) -> Result<(Source, u64), OpenF
         return Err(refuse(ErrorCode::Undefined, "file too large for netascii"));
     }
     let mut raw = Vec::with_capacity(meta.len() as usize);
-    io::Read::read_to_end(&mut &file, &mut raw).map_err(|_| OpenFailure {
-        code: ErrorCode::Undefined,
-        message: "read error",
-        refused: false,
-    })?;
+    io::Read::read_to_end(&mut io::Read::take(&file, MAX_NETASCII + 1), &mut raw).map_err(
+        |_| OpenFailure {
+            code: ErrorCode::Undefined,
+            message: "read error",
+            refused: false,
+            not_regular: false,
+        },
+    )?;
+    if raw.len() as u64 > MAX_NETASCII {
+        // It grew since the look at its size.
+        return Err(refuse(ErrorCode::Undefined, "file too large for netascii"));
+    }
     let text = to_netascii(&raw);
     let len = text.len() as u64;
     Ok((Source::Memory(text), len))
@@ -398,6 +446,10 @@ enum End {
     },
     /// The client's port is closed (an ICMP port unreachable came back).
     ClientGone,
+    /// The client never acknowledged the OACK or DATA 1.
+    FirstAckTimeout,
+    /// Half-open, and a newcomer took the slot (see `admission`).
+    Evicted,
     TimedOut,
     Cancelled,
     Io(io::Error),
@@ -413,6 +465,58 @@ impl End {
             End::Io(e)
         }
     }
+
+    /// Counts and logs how the transfer ended; returns the ERROR message the
+    /// client is sent when we end it.
+    fn report(
+        self,
+        stats: &TftpStats,
+        peer: SocketAddr,
+        name: &str,
+        size: u64,
+        retries: u32,
+    ) -> Option<&'static str> {
+        match self {
+            End::Completed => {
+                stats.completed.inc();
+                tracing::info!(%peer, file = %name, size, "TFTP transfer completed");
+            }
+            End::ClientError { code, message } => {
+                stats.client_aborts.inc();
+                tracing::info!(%peer, file = %name, code, %message, "TFTP transfer ended by the client");
+            }
+            End::ClientGone => {
+                stats.client_aborts.inc();
+                tracing::info!(%peer, file = %name, "TFTP client went away (port unreachable)");
+            }
+            End::FirstAckTimeout => {
+                // Counted; at debug, as a flood of forged requests would log a
+                // line each.
+                stats.first_ack_timeouts.inc();
+                tracing::debug!(%peer, file = %name, "TFTP client never answered");
+            }
+            End::Evicted => {
+                stats.evicted.inc();
+                tracing::debug!(%peer, file = %name, "half-open TFTP transfer ended for a newcomer");
+                return Some("server busy");
+            }
+            End::TimedOut => {
+                stats.failed.inc();
+                tracing::warn!(%peer, file = %name, retries, "TFTP transfer timed out");
+            }
+            End::Cancelled => {
+                stats.failed.inc();
+                tracing::info!(%peer, file = %name, "TFTP transfer cut by shutdown");
+                return Some("server shutting down");
+            }
+            End::Io(e) => {
+                stats.failed.inc();
+                tracing::warn!(%peer, file = %name, error = %e, "TFTP transfer failed");
+                return Some("server error");
+            }
+        }
+        None
+    }
 }
 
 async fn transfer(
@@ -420,6 +524,7 @@ async fn transfer(
     peer: SocketAddr,
     local: IpAddr,
     req: OwnedRequest,
+    ticket: Ticket,
     cancel: CancellationToken,
 ) {
     let stats = &ctx.stats;
@@ -435,7 +540,11 @@ async fn transfer(
     let root = ctx.root.clone();
     let filename = req.filename;
     let netascii = req.netascii;
-    let opened = tokio::task::spawn_blocking(move || open(&root, &filename, netascii)).await;
+    let opened = {
+        // The semaphore is never closed.
+        let _permit = ctx.opens.acquire().await;
+        tokio::task::spawn_blocking(move || open(&root, &filename, netascii)).await
+    };
     let (source, size) = match opened {
         Ok(Ok(s)) => s,
         Ok(Err(f)) => {
@@ -443,6 +552,9 @@ async fn transfer(
                 stats.refused.inc();
             } else {
                 stats.failed.inc();
+            }
+            if f.not_regular {
+                stats.not_regular.inc();
             }
             tracing::info!(%peer, file = %name, reason = f.message, "TFTP request refused");
             let mut out = Vec::new();
@@ -463,38 +575,188 @@ async fn transfer(
         .collect();
     let neg = negotiate(&options, size, ctx.settings.timeout);
     tracing::debug!(%peer, file = %name, size, blksize = neg.blksize, windowsize = neg.windowsize, "TFTP transfer starts");
-    // The data phase runs on a blocking thread with blocking socket calls, one thread
-    // per transfer as tftpd-hpa has one process per transfer. In lock-step transfers
-    // (window 1: BIOS PXE ROMs, curl) every block waits for an ACK, and a blocking
-    // recv wakes the thread directly, while an async wait costs a wake-up of another
-    // worker thread per block: about 8% of throughput against tftpd-hpa.
-    if let Err(e) = data.set_read_timeout(Some(SLICE.min(neg.timeout))) {
-        stats.failed.inc();
-        tracing::warn!(%peer, file = %name, error = %e, "preparing a TFTP transfer socket");
-        return;
-    }
-    let stats = ctx.stats.clone();
-    let retries = ctx.settings.retries;
-    let mut job = tokio::task::spawn_blocking(move || {
-        let mut t = Transfer {
-            sock: data,
-            peer,
-            stats: &stats,
-            rbuf: vec![0u8; 1024],
-            retries,
-            cancel,
-            slice: SLICE.min(neg.timeout),
-        };
-        let end = t.run(&source, &neg);
-        t.finish(end, &name, size);
-    });
-    let joined = tokio::select! {
-        j = &mut job => j,
-        () = answer_strays(&strays, &ctx.stats) => job.await,
+    let job = Job {
+        ctx,
+        peer,
+        name,
+        size,
+        source,
+        neg,
+        cancel,
     };
-    if let Err(e) = joined {
-        ctx.stats.failed.inc();
-        tracing::warn!(%peer, error = %e, "TFTP transfer thread failed");
+    let mut run = std::pin::pin!(job.run(data, &ticket));
+    tokio::select! {
+        // CANCEL-SAFETY: `run` is pinned and polled again below if strays end first.
+        () = &mut run => {}
+        // CANCEL-SAFETY: returns only if the socket fails; the transfer goes on.
+        () = answer_strays(&strays, stats) => run.await,
+    }
+}
+
+/// A transfer whose file is open, from the first packet to the last ACK.
+struct Job<'a> {
+    ctx: &'a Ctx,
+    peer: SocketAddr,
+    name: String,
+    size: u64,
+    source: Source,
+    neg: Negotiated,
+    cancel: CancellationToken,
+}
+
+/// Where the data phase starts, once the client has answered.
+enum Answered {
+    /// ACK 0 of the OACK: the data phase sends from block 1.
+    Oack,
+    /// ACK 1 of a full DATA 1: the data phase sends from block 2.
+    Data1,
+    /// ACK 1 of a short DATA 1: that was the whole file.
+    Done,
+}
+
+impl Job<'_> {
+    /// Waits for the client's first ACK on this task, then runs the data phase on
+    /// a blocking thread. Until the client has answered a transfer costs a task,
+    /// two sockets and an open file, never a thread: requests from forged addresses
+    /// must be cheap to hold and to end.
+    async fn run(self, data: UdpSocket, ticket: &Ticket) {
+        let (stats, peer) = (self.ctx.stats.clone(), self.peer);
+        let retries = self.ctx.settings.retries;
+        let answered = match self.first_ack(&data, ticket).await {
+            Ok(Answered::Done) => Err(End::Completed),
+            // The newcomer's eviction raced the ACK: the slot is gone.
+            Ok(_) if !ticket.answered() => Err(End::Evicted),
+            other => other,
+        };
+        let start = match answered {
+            Ok(a) => a,
+            Err(end) => {
+                if let Some(msg) = end.report(&stats, peer, &self.name, self.size, retries) {
+                    let mut out = Vec::new();
+                    packet::encode_error(&mut out, ErrorCode::Undefined, msg);
+                    let _ = data.send(&out).await;
+                }
+                return;
+            }
+        };
+        // The data phase runs on a blocking thread with blocking socket calls, one
+        // thread per transfer as tftpd-hpa has one process per transfer. In
+        // lock-step transfers (window 1: BIOS PXE ROMs, curl) every block waits for
+        // an ACK, and a blocking recv wakes the thread directly, while an async wait
+        // costs a wake-up of another worker thread per block: about 8% of
+        // throughput against tftpd-hpa.
+        let slice = SLICE.min(self.neg.timeout);
+        let sock = match data.into_std().and_then(|s| {
+            s.set_nonblocking(false)?;
+            s.set_read_timeout(Some(slice))?;
+            Ok(s)
+        }) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = End::Io(e).report(&stats, peer, &self.name, self.size, retries);
+                return;
+            }
+        };
+        let acked = match start {
+            Answered::Oack => 0,
+            _ => 1,
+        };
+        let Job {
+            name,
+            size,
+            source,
+            neg,
+            cancel,
+            ..
+        } = self;
+        let stats2 = stats.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let mut t = Transfer {
+                sock,
+                peer,
+                stats: &stats2,
+                rbuf: vec![0u8; 1024],
+                retries,
+                cancel,
+                slice,
+            };
+            let end = t.run(&source, &neg, acked);
+            if let Some(msg) = end.report(&stats2, peer, &name, size, retries) {
+                t.send_error(ErrorCode::Undefined, msg);
+            }
+        });
+        if let Err(e) = job.await {
+            stats.failed.inc();
+            tracing::warn!(%peer, error = %e, "TFTP transfer thread failed");
+        }
+    }
+
+    /// Sends the OACK, or DATA 1 without options, and waits for its ACK:
+    /// `FIRST_ACK_TRIES` sends, `FIRST_ACK_WAIT` (at most the transfer's timeout)
+    /// after each.
+    async fn first_ack(&self, sock: &UdpSocket, ticket: &Ticket) -> Result<Answered, End> {
+        let mut first = Vec::new();
+        let (want, answered) = if self.neg.oack.is_empty() {
+            // One block of at most 512 bytes, read on this task: see
+            // `Source::read_at`.
+            first.resize(4 + self.neg.blksize, 0);
+            let n = self.source.read_at(&mut first[4..], 0).map_err(End::Io)?;
+            first.truncate(4 + n);
+            packet::put_data_header(&mut first, 1);
+            let a = if n < self.neg.blksize {
+                Answered::Done
+            } else {
+                Answered::Data1
+            };
+            (1, a)
+        } else {
+            packet::encode_oack(&mut first, &self.neg.oack);
+            (0, Answered::Oack)
+        };
+        let stats = &self.ctx.stats;
+        let wait = FIRST_ACK_WAIT.min(self.neg.timeout);
+        let mut buf = [0u8; 1024];
+        for attempt in 0..FIRST_ACK_TRIES {
+            if attempt > 0 {
+                stats.retransmits.inc();
+            }
+            sock.send(&first).await.map_err(End::from_send)?;
+            if want == 1 {
+                stats.bytes_sent.add(first.len() as u64 - 4);
+            }
+            let deadline = tokio::time::Instant::now() + wait;
+            loop {
+                let received = tokio::select! {
+                    biased;
+                    // CANCEL-SAFETY: only waits.
+                    () = self.cancel.cancelled() => return Err(End::Cancelled),
+                    // CANCEL-SAFETY: only waits.
+                    () = ticket.evicted().cancelled() => return Err(End::Evicted),
+                    // CANCEL-SAFETY: only waits.
+                    () = tokio::time::sleep_until(deadline) => break,
+                    // CANCEL-SAFETY: recv takes a datagram only when it returns it.
+                    r = sock.recv(&mut buf) => r,
+                };
+                match received {
+                    Ok(n) => match packet::parse_client(&buf[..n]) {
+                        ClientPacket::Ack(b) if b == want => return Ok(answered),
+                        ClientPacket::Error { code, message } => {
+                            return Err(End::ClientError {
+                                code,
+                                message: String::from_utf8_lossy(message).into_owned(),
+                            });
+                        }
+                        ClientPacket::Ack(_) | ClientPacket::Other => {}
+                    },
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        return Err(End::ClientGone);
+                    }
+                    Err(e) if transient(&e) => {}
+                    Err(e) => return Err(End::Io(e)),
+                }
+            }
+        }
+        Err(End::FirstAckTimeout)
     }
 }
 
@@ -522,81 +784,22 @@ struct Transfer<'a> {
 }
 
 impl Transfer<'_> {
-    /// Counts and logs how the transfer ended; tells the client when we end it.
-    fn finish(&mut self, end: End, name: &str, size: u64) {
-        let (stats, peer) = (self.stats, self.peer);
-        match end {
-            End::Completed => {
-                stats.completed.inc();
-                tracing::info!(%peer, file = %name, size, "TFTP transfer completed");
-            }
-            End::ClientError { code, message } => {
-                stats.client_aborts.inc();
-                tracing::info!(%peer, file = %name, code, %message, "TFTP transfer ended by the client");
-            }
-            End::ClientGone => {
-                stats.client_aborts.inc();
-                tracing::info!(%peer, file = %name, "TFTP client went away (port unreachable)");
-            }
-            End::TimedOut => {
-                stats.failed.inc();
-                tracing::warn!(%peer, file = %name, retries = self.retries, "TFTP transfer timed out");
-            }
-            End::Cancelled => {
-                stats.failed.inc();
-                self.send_error(ErrorCode::Undefined, "server shutting down");
-                tracing::info!(%peer, file = %name, "TFTP transfer cut by shutdown");
-            }
-            End::Io(e) => {
-                stats.failed.inc();
-                tracing::warn!(%peer, file = %name, error = %e, "TFTP transfer failed");
-                self.send_error(ErrorCode::Undefined, "server error");
-            }
-        }
-    }
-
     fn send_error(&self, code: ErrorCode, message: &str) {
         let mut out = Vec::new();
         packet::encode_error(&mut out, code, message);
         let _ = self.sock.send(&out);
     }
 
-    fn run(&mut self, source: &Source, neg: &super::Negotiated) -> End {
-        let mut tries = 0u32;
-        if !neg.oack.is_empty() {
-            let mut oack = Vec::new();
-            packet::encode_oack(&mut oack, &neg.oack);
-            'oack: loop {
-                if let Err(e) = self.sock.send(&oack) {
-                    return End::from_send(e);
-                }
-                let deadline = std::time::Instant::now() + neg.timeout;
-                loop {
-                    match self.wait(deadline) {
-                        Wait::Ack(0) => break 'oack,
-                        Wait::Ack(_) => {}
-                        Wait::Timeout => {
-                            tries += 1;
-                            if tries > self.retries {
-                                return End::TimedOut;
-                            }
-                            self.stats.retransmits.inc();
-                            continue 'oack;
-                        }
-                        Wait::End(e) => return e,
-                    }
-                }
-            }
-        }
-
+    /// Sends from block `acked + 1` until the last block is acknowledged.
+    fn run(&mut self, source: &Source, neg: &Negotiated, acked: u64) -> End {
         let blksize = neg.blksize;
         let window = u64::from(neg.windowsize);
         let mut pkt = vec![0u8; 4 + blksize];
         // Absolute block numbers: the first block is 1; the wire carries the low
         // 16 bits, so 65535 is followed by 0 (as tftpd-hpa, curl and atftp expect).
-        let mut acked: u64 = 0;
+        let mut acked = acked;
         let mut last: Option<u64> = None;
-        tries = 0;
+        let mut tries = 0;
         loop {
             let mut sent = acked;
             while sent < acked + window && last.is_none_or(|l| sent < l) {

@@ -2,8 +2,10 @@
 # pxed first-boot agent for {{ hostname }}, installed with the OS by pxed.
 #
 # Once, on the first boot that reaches the network, it POSTs the machine's facts
-# to {{ callback_base }}/first-boot, runs a small health check and POSTs the result
-# to {{ callback_base }}/health. Each POST is retried with exponential backoff
+# to $CB/first-boot, runs a small health check and POSTs the result to $CB/health.
+# The last part of $CB is this node's agent token, its credential for exactly these
+# two reports: this file is root's only, and the token is never printed.
+# Each POST is retried with exponential backoff
 # (2 s doubling to 5 min) until the server answers 2xx; then the done file is
 # created, and the unit's ConditionPathExists keeps it from ever running again.
 #
@@ -15,7 +17,7 @@
 #   name   the hostname is the one pxed assigned
 set -u
 
-CB='{{ callback_base }}'
+CB='{{ agent_base }}'
 EXPECTED_HOSTNAME='{{ hostname }}'
 DONE=${PXED_FIRSTBOOT_DONE:-/var/lib/pxed-firstboot.done}
 
@@ -53,7 +55,7 @@ post() {
         case "$code" in
             2??) return 0 ;;
         esac
-        echo "pxed-firstboot: POST $url answered ${code:-nothing}; retrying in ${delay}s" >&2
+        echo "pxed-firstboot: POST $1 answered ${code:-nothing}; retrying in ${delay}s" >&2
         sleep "$delay"
         delay=$((delay * 2))
         if [ "$delay" -gt 300 ]; then delay=300; fi

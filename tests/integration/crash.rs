@@ -169,6 +169,9 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     let before = api
         .wait_state(&d, a, "installing", Duration::from_secs(5))
         .await;
+    // The first-boot agent's own token (written into the installed system; the
+    // config that carries it cannot render against this test's directory mirror).
+    let agent = agent_token_of(&d.data_dir(), a).await;
     // The installer's kernel is served by pxed from the imported, checksummed copy.
     let k = api
         .http
@@ -204,7 +207,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     ] {
         let r = api
             .http
-            .post(d.url(&format!("/cb/{token}/{path}")))
+            .post(d.url(&format!("/cb/{agent}/{path}")))
             .json(&body)
             .send()
             .await
@@ -240,4 +243,17 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     assert!(reason.starts_with("deadline: never netbooted"), "{reason}");
     assert_log_kept(&before, &after);
     assert_eq!(events(&after).last().unwrap()["event"], "deadline_expired");
+}
+
+/// A node's agent token, read from the running daemon's database (read-only).
+async fn agent_token_of(data: &std::path::Path, id: i64) -> String {
+    let url = format!("sqlite://{}?mode=ro", data.join("pxed.sqlite").display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let t: String = sqlx::query_scalar("SELECT agent_token FROM nodes WHERE id = ?")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    t
 }

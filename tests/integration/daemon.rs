@@ -121,6 +121,48 @@ fn check_config_masks_secrets_and_reports_errors() {
     assert!(!ok && err.contains("dhcpp"), "{err}");
 }
 
+/// Issue 10, finding 7: hostile numbers from the environment, a flag or the file are
+/// refused with the key and its range and exit 2 (config error); they once panicked
+/// (lease time) or passed `check-config` and panicked at `serve` (max_transfers).
+#[test]
+fn check_config_refuses_out_of_range_values_without_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pxed.toml");
+    std::fs::write(
+        &file,
+        "[tftp_server]\nmax_transfers = 4611686018427387904\n",
+    )
+    .unwrap();
+    let huge = "99999999999999999999d";
+    let lease = "dhcp.lease_time: must be between 1m and 365d (got 99999999999999999999d)";
+    let check = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(pxed_bin());
+        c.args(["check-config", "--demo"])
+            .args(args)
+            .env_remove("PXED_CONFIG")
+            .envs(env.iter().copied());
+        c
+    };
+    let cases = [
+        (check(&[], &[("PXED_DHCP__LEASE_TIME", huge)]), lease),
+        (check(&["--lease-time", huge], &[]), lease),
+        (
+            check(&["--config", file.to_str().unwrap()], &[]),
+            "tftp_server.max_transfers: must be between 1 and 65536 (got 4611686018427387904)",
+        ),
+        (
+            check(&[], &[("PXED_TFTP_SERVER__TIMEOUT", "0s")]),
+            "tftp_server.timeout: must be between 100ms and 255s (got 0s)",
+        ),
+    ];
+    for (mut cmd, want) in cases {
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert_eq!(err.trim(), format!("error: {want}"), "{cmd:?}");
+    }
+}
+
 #[test]
 fn startup_errors_are_clear() {
     let dir = tempfile::tempdir().unwrap();
@@ -245,6 +287,10 @@ fn an_idle_connection_flood_leaves_health_answering() {
     });
     assert!(answered.is_some(), "health never answered under the flood");
     let waited = started.elapsed();
+    eprintln!(
+        "health answered {waited:?} into a flood of {} idle connections",
+        flood.len()
+    );
     assert!(
         waited < Duration::from_secs(4),
         "health answered after {waited:?}"
@@ -312,4 +358,42 @@ fn sighup_rereads_the_configuration() {
     assert!(ok && body.starts_with("ok\n"), "{body}");
     let mut d = d;
     assert!(d.child.try_wait().unwrap().is_none(), "pxed died of SIGHUP");
+}
+
+/// HTTP serves regular files inside its trees only: a FIFO (which would hang a reader
+/// thread), a directory and a symlink leading out are 404 at once; a symlink inside
+/// the tree is served.
+#[test]
+fn http_serves_regular_files_inside_the_tree_only() {
+    let tree = tempfile::tempdir().unwrap();
+    let t = tree.path();
+    std::fs::write(t.join("snponly.efi"), b"real file").unwrap();
+    std::os::unix::fs::symlink("snponly.efi", t.join("alias.efi")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", t.join("passwd")).unwrap();
+    std::fs::create_dir(t.join("sub")).unwrap();
+    nix::unistd::mkfifo(&t.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let d = Daemon::start(&["--ipxe-dir", t.to_str().unwrap()]);
+    let code = |path: &str| {
+        let (_, out, _) = curl(&[
+            "-s",
+            "--max-time",
+            "2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &d.url(path),
+        ]);
+        out
+    };
+    assert_eq!(code("/ipxe/snponly.efi"), "200");
+    assert_eq!(code("/ipxe/alias.efi"), "200");
+    for refused in [
+        "/ipxe/fifo",
+        "/ipxe/passwd",
+        "/ipxe/sub",
+        "/ipxe/..%2f..%2fetc%2fpasswd",
+    ] {
+        assert_eq!(code(refused), "404", "{refused}");
+    }
 }

@@ -77,6 +77,7 @@ fn ctx<'a>(cat: &'a [ImageDef], family: Family, arch: Arch) -> InstallContext<'a
         "http://mirror.lab:8080/pub/",
         "http://10.0.0.1",
         "tok-0123456789abcdef",
+        "agent-fedcba9876543210",
         HOST,
     )
     .unwrap();
@@ -640,13 +641,15 @@ fn cmdline_has_config_url_and_console() {
 #[derive(Clone, Default)]
 struct Recorder {
     calls: Arc<Mutex<Vec<(String, u16, String)>>>,
+    tokens: Arc<Mutex<Vec<String>>>,
 }
 
 async fn record(
     State(r): State<Recorder>,
-    AxPath((_token, what)): AxPath<(String, String)>,
+    AxPath((token, what)): AxPath<(String, String)>,
     body: String,
 ) -> StatusCode {
+    r.tokens.lock().unwrap().push(token);
     let mut calls = r.calls.lock().unwrap();
     let first = !calls.iter().any(|(w, _, _)| w == &what);
     let code = if what == "first-boot" && first {
@@ -678,6 +681,7 @@ async fn agent_reports_to_a_real_server() {
         "http://m",
         &format!("http://{addr}"),
         "tok",
+        "agent-tok",
         HOST,
     )
     .unwrap();
@@ -693,15 +697,34 @@ async fn agent_reports_to_a_real_server() {
         .env_remove("HTTP_PROXY")
         .env_remove("all_proxy")
         .env_remove("ALL_PROXY")
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let said = tokio::spawn(async move {
+        let mut s = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut s)
+            .await
+            .unwrap();
+        s
+    });
     // One 2 s backoff after the 503, then two quick POSTs.
     let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
         .await
         .expect("agent finished")
         .unwrap();
     assert!(status.success());
+    // The agent reports with its own credential, never the installer's boot token,
+    // and never prints it (its messages go to the console).
+    assert!(
+        rec.tokens.lock().unwrap().iter().all(|t| t == "agent-tok"),
+        "{:?}",
+        rec.tokens
+    );
+    let said = said.await.unwrap();
+    assert!(said.contains("POST first-boot answered 503"), "{said}");
+    assert!(!said.contains("agent-tok"), "{said}");
     assert!(done.exists(), "done file not written");
     server.abort();
 

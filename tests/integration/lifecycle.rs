@@ -20,7 +20,7 @@ use pxed::state::AppState;
 use pxed::store::Store;
 use serde_json::{Value, json};
 
-use crate::common::poll;
+use crate::common::{poll, until};
 use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "test-api-token";
@@ -31,6 +31,8 @@ pub struct RecordingBmc {
     pub calls: Mutex<Vec<String>>,
     pub fail_cycles: AtomicU32,
     pub hang: bool,
+    /// When set, a power cycle waits for a permit here before it answers.
+    pub gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl RecordingBmc {
@@ -78,6 +80,7 @@ impl Bmc for RecordingBmc {
     fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
         self.record("power_cycle");
         let hang = self.hang;
+        let gate = self.gate.clone();
         let fail = self
             .fail_cycles
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -85,6 +88,9 @@ impl Bmc for RecordingBmc {
         Box::pin(async move {
             if hang {
                 futures::future::pending::<()>().await;
+            }
+            if let Some(g) = gate {
+                g.acquire().await.unwrap().forget();
             }
             if fail {
                 return Err(BmcError::NotSupported {
@@ -245,8 +251,12 @@ impl Harness {
     }
 
     async fn get_text(&self, path: &str) -> (u16, String) {
-        let resp = self
-            .http
+        self.get_text_with(&self.http, path).await
+    }
+
+    /// `GET` through `client` (e.g. one bound to another source address).
+    async fn get_text_with(&self, client: &reqwest::Client, path: &str) -> (u16, String) {
+        let resp = client
             .get(format!("{}{path}", self.base))
             .send()
             .await
@@ -255,8 +265,12 @@ impl Harness {
     }
 
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let resp = self
-            .http
+        self.post_with(&self.http, path, body).await
+    }
+
+    /// `POST` through `client`.
+    async fn post_with(&self, client: &reqwest::Client, path: &str, body: Value) -> (u16, Value) {
+        let resp = client
             .post(format!("{}{path}", self.base))
             .json(&body)
             .send()
@@ -340,6 +354,13 @@ impl Harness {
         (id, token_from_script(&script))
     }
 
+    /// The first-boot agent's token, read from the kickstart as the installer would.
+    async fn agent_token(&self, boot_token: &str) -> String {
+        let (s, ks) = self.get_text(&format!("/cfg/{boot_token}/kickstart")).await;
+        assert_eq!(s, 200, "{ks}");
+        agent_token_from_config(&ks)
+    }
+
     async fn node(&self, id: i64) -> Value {
         let (s, v) = self
             .api(reqwest::Method::GET, &format!("/nodes/{id}"), None, None)
@@ -361,6 +382,14 @@ impl Harness {
 fn token_from_script(script: &str) -> String {
     let i = script.find("/cfg/").expect("config URL in script") + 5;
     script[i..].split('/').next().unwrap().to_string()
+}
+
+/// The first-boot agent's token, from the agent embedded in a kickstart
+/// (`CB='http://.../cb/<agent token>'`).
+fn agent_token_from_config(ks: &str) -> String {
+    let i = ks.find("CB='").expect("agent callback base in config") + 4;
+    let base = ks[i..].split('\'').next().unwrap();
+    base.rsplit('/').next().unwrap().to_string()
 }
 
 #[tokio::test]
@@ -407,6 +436,11 @@ async fn reinstall_loop_installs_exactly_once() {
     assert_eq!(s, 200, "{ks}");
     assert!(ks.contains("node-aabb01"), "{ks}");
     assert!(ks.contains("multi-user.target"), "{ks}");
+    // The first-boot agent gets its own credential, which no boot script shows.
+    let agent = agent_token_from_config(&ks);
+    assert_ne!(agent, token);
+    assert_eq!(agent.len(), 64, "{agent}");
+    assert!(!script.contains(&agent), "{script}");
 
     let (s, v) = h.cb(&token, "installed", json!({})).await;
     assert_eq!(s, 200, "{v}");
@@ -418,18 +452,18 @@ async fn reinstall_loop_installs_exactly_once() {
     assert!(!script.contains("kernel "), "{script}");
 
     // Health before the first-boot report is refused.
-    let (s, _) = h.cb(&token, "health", json!({"status": "pass"})).await;
+    let (s, _) = h.cb(&agent, "health", json!({"status": "pass"})).await;
     assert_eq!(s, 409);
 
     let (s, v) = h
         .cb(
-            &token,
+            &agent,
             "first-boot",
             json!({"hostname": "node-aabb01", "arch": "x86_64", "facts": {"cpus": 8, "gpus": 1}}),
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    let (s, v) = h.cb(&token, "health", json!({"status": "pass"})).await;
+    let (s, v) = h.cb(&agent, "health", json!({"status": "pass"})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "available");
 
@@ -454,12 +488,15 @@ async fn reinstall_loop_installs_exactly_once() {
             "health_passed"
         ]
     );
-    // The used token is dead now.
+    // The used tokens are dead now.
     let (s, v) = h.cb(&token, "installed", json!({})).await;
     assert_eq!(s, 403, "{v}");
     assert_eq!(v["error"], "stale_token");
+    let (s, v) = h.cb(&agent, "health", json!({"status": "pass"})).await;
+    assert_eq!((s, v["error"].as_str()), (403, Some("stale_token")), "{v}");
     // Secrets and tokens never appear in API output.
     assert!(!n.to_string().contains(&token));
+    assert!(!n.to_string().contains(&agent));
 }
 
 #[tokio::test]
@@ -522,6 +559,7 @@ async fn stale_tokens_are_refused() {
     h.wait_state(id, "netbooting").await;
     let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
     let old = token_from_script(&script);
+    let old_agent = h.agent_token(&old).await;
     // Operator gives up on this install and starts another generation.
     let (s, _) = h
         .node_post(id, "actions/fail", Some(json!({"reason": "disk swapped"})))
@@ -538,6 +576,19 @@ async fn stale_tokens_are_refused() {
             .await;
         assert_eq!(s, 403, "{cb}: {v}");
     }
+    for cb in ["first-boot", "health"] {
+        let (s, v) = h
+            .post(
+                &format!("/cb/{old_agent}/{cb}"),
+                json!({"hostname": "x", "status": "pass"}),
+            )
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("stale_token")),
+            "{cb}: {v}"
+        );
+    }
     let (s, _) = h.get_text(&format!("/cfg/{old}/kickstart")).await;
     assert_eq!(s, 403);
     let (s, _) = h.get_text("/cfg/not-a-token/kickstart").await;
@@ -546,6 +597,296 @@ async fn stale_tokens_are_refused() {
     assert_eq!(n["state"], "netbooting");
     assert_eq!(n["generation"], 2);
     assert!(h.st.stats.stale_tokens.get() >= 5);
+}
+
+/// A client on loopback that connects from `ip` (any 127.0.0.0/8 address is local).
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// The node's audit rows named `event`, as `detail` texts.
+async fn audit(h: &Harness, id: i64, event: &str) -> Vec<String> {
+    h.node(id).await["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == event)
+        .map(|e| e["detail"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Finding 2 of issue 10: anyone who reads a boot script could use its token. Now the
+/// token is bound to the address the installer was served to (127.0.0.1 here): from
+/// 127.0.0.2 every installer call is refused, counted and audited; from 127.0.0.1 it
+/// still works.
+#[tokio::test]
+async fn a_boot_token_from_another_address_is_refused() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:31";
+    let (id, token) = h.installing(mac).await;
+    let agent = h.agent_token(&token).await;
+    let other = client_from("127.0.0.2");
+
+    let (s, body) = h
+        .get_text_with(&other, &format!("/cfg/{token}/kickstart"))
+        .await;
+    assert_eq!(s, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"], "token_wrong_address", "{v}");
+    assert!(!body.contains(&token), "{body}");
+    for (call, body) in [
+        ("installed", json!({})),
+        ("failure", json!({"stage": "x", "reason": "forged"})),
+        (
+            "deploy/progress",
+            json!({"stage": "write", "message": "forged"}),
+        ),
+    ] {
+        let (s, v) = h
+            .post_with(&other, &format!("/cb/{token}/{call}"), body)
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("token_wrong_address")),
+            "{call}: {v}"
+        );
+    }
+    assert_eq!(h.node(id).await["state"], "installing");
+
+    // The script fetched again from elsewhere does not hand the token out again.
+    let (s, script) = h.get_text_with(&other, &format!("/boot/{mac}.ipxe")).await;
+    assert_eq!(s, 200);
+    assert!(!script.contains(&token), "{script}");
+    assert!(script.contains("sanboot"), "{script}");
+
+    // Counted every time; audited once per call and address (a repeat adds no row),
+    // with the addresses, never the token.
+    let (s, _) = h
+        .post_with(&other, &format!("/cb/{token}/installed"), json!({}))
+        .await;
+    assert_eq!(s, 403);
+    h.assert_metrics(&[
+        "pxed_callbacks_wrong_address_total 5",
+        "pxed_http_installers_wrong_address_total 1",
+    ])
+    .await;
+    let refused = audit(&h, id, "token_refused_address").await;
+    assert_eq!(refused.len(), 4, "{refused:?}");
+    assert_eq!(
+        refused[1],
+        "boot token for installed: request from 127.0.0.2, but the boot token is bound to 127.0.0.1"
+    );
+    assert_eq!(audit(&h, id, "installer_refused").await.len(), 1);
+    let n = h.node(id).await.to_string();
+    assert!(!n.contains(&token) && !n.contains(&agent), "{n}");
+
+    // The machine itself carries on.
+    h.cb_to(&token, "installed", json!({}), "first_boot").await;
+    // The installed system may come up on another address: the agent token is not
+    // bound to the boot-time one (no DHCP leases in this setup to bind it to).
+    let (s, v) = h
+        .post_with(
+            &other,
+            &format!("/cb/{agent}/first-boot"),
+            json!({"hostname": "node-aabb31", "arch": "x86_64", "facts": {}}),
+        )
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("first_boot")), "{v}");
+    h.cb_to(&agent, "health", json!({"status": "pass"}), "available")
+        .await;
+}
+
+/// Each credential is accepted for its own stage only: the boot token (which every
+/// boot script shows) cannot report first boot or health, and the first-boot agent's
+/// token cannot act as the installer.
+#[tokio::test]
+async fn tokens_are_accepted_only_for_their_stage() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let (id, token) = h.installing("52:54:00:aa:bb:32").await;
+    let agent = h.agent_token(&token).await;
+    let report =
+        json!({"hostname": "node-aabb32", "arch": "x86_64", "facts": {}, "status": "pass"});
+    for call in ["first-boot", "health"] {
+        let (s, v) = h.cb(&token, call, report.clone()).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("token_wrong_stage")),
+            "{call}: {v}"
+        );
+    }
+    for call in ["installed", "failure"] {
+        let (s, v) = h
+            .cb(&agent, call, json!({"stage": "x", "reason": "forged"}))
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("token_wrong_stage")),
+            "{call}: {v}"
+        );
+    }
+    for path in [
+        format!("/cfg/{agent}/kickstart"),
+        format!("/cb/{agent}/deploy"),
+    ] {
+        let (s, body) = h.get_text(&path).await;
+        assert_eq!(s, 403, "{path}: {body}");
+        assert!(body.contains("token_wrong_stage"), "{path}: {body}");
+    }
+    assert_eq!(h.node(id).await["state"], "installing");
+    h.assert_metrics(&["pxed_callbacks_wrong_stage_total 6"])
+        .await;
+    let refused = audit(&h, id, "token_refused_stage").await;
+    assert_eq!(refused.len(), 6, "{refused:?}");
+    assert!(
+        refused.contains(&"boot token for first-boot: the boot token is not accepted for this call (it needs the agent token)".to_string()),
+        "{refused:?}"
+    );
+
+    // Each in its place, the loop completes.
+    h.cb_to(&token, "installed", json!({}), "first_boot").await;
+    h.cb_to(&agent, "first-boot", report.clone(), "first_boot")
+        .await;
+    h.cb_to(&agent, "health", json!({"status": "pass"}), "available")
+        .await;
+}
+
+/// In full DHCP mode the boot token also follows the lease of the node's MAC: the
+/// installer is served only to the leased address, and the first-boot agent is
+/// accepted from whatever address the installed system leased.
+#[tokio::test]
+async fn in_full_dhcp_mode_tokens_follow_the_lease() {
+    use pxed::store::leases::{LeaseRow, LeaseWrite};
+    let h = Harness::new(
+        &[
+            ("PXED_DHCP__MODE", "full"),
+            ("PXED_INTERFACES", "lo"),
+            ("PXED_DHCP__POOL", "127.0.0.100-127.0.0.200"),
+        ],
+        RecordingBmc::default(),
+    )
+    .await;
+    let mac = "52:54:00:aa:bb:33";
+    let lease = |ip: &str| {
+        LeaseWrite::Upsert(LeaseRow {
+            ip: ip.parse().unwrap(),
+            mac: mac.into(),
+            client_id: None,
+            hostname: None,
+            state: "bound".into(),
+            expires_at: pxed::dhcp::unix_now() as i64 + 3600,
+        })
+    };
+    let id = h.reinstalling(mac).await;
+    h.st.store
+        .commit_leases(&[lease("127.0.0.3")])
+        .await
+        .unwrap();
+
+    // A script fetch from an address the MAC does not hold serves no installer.
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert!(
+        script.contains("sanboot") && !script.contains("/cfg/"),
+        "{script}"
+    );
+    assert_eq!(h.node(id).await["state"], "netbooting");
+    assert_eq!(audit(&h, id, "installer_refused").await.len(), 1);
+
+    let leased = client_from("127.0.0.3");
+    let (_, script) = h.get_text_with(&leased, &format!("/boot/{mac}.ipxe")).await;
+    let token = token_from_script(&script);
+    let (s, ks) = h
+        .get_text_with(&leased, &format!("/cfg/{token}/kickstart"))
+        .await;
+    assert_eq!(s, 200, "{ks}");
+    let agent = agent_token_from_config(&ks);
+    let (s, v) = h
+        .post_with(&leased, &format!("/cb/{token}/installed"), json!({}))
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("first_boot")), "{v}");
+
+    // The installed system leases another address; only that one may report.
+    h.st.store
+        .commit_leases(&[
+            LeaseWrite::Delete("127.0.0.3".parse().unwrap()),
+            lease("127.0.0.4"),
+        ])
+        .await
+        .unwrap();
+    let report = json!({"hostname": "node-aabb33", "arch": "x86_64", "facts": {}});
+    let (s, v) = h
+        .post_with(&leased, &format!("/cb/{agent}/first-boot"), report.clone())
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("token_wrong_address")),
+        "{v}"
+    );
+    let installed = client_from("127.0.0.4");
+    let (s, v) = h
+        .post_with(&installed, &format!("/cb/{agent}/first-boot"), report)
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("first_boot")), "{v}");
+    let (s, v) = h
+        .post_with(
+            &installed,
+            &format!("/cb/{agent}/health"),
+            json!({"status": "pass"}),
+        )
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("available")), "{v}");
+}
+
+/// Finding 8 of issue 10: a crafted `Host` header was echoed into the URLs of the
+/// script and the config. They come from the configured server now, unless the
+/// operator sets `trust_host_header`.
+#[tokio::test]
+async fn a_crafted_host_header_is_not_echoed_into_urls() {
+    async fn fetch(h: &Harness, path: &str) -> String {
+        let resp = h
+            .http
+            .get(format!("{}{path}", h.base))
+            .header(reqwest::header::HOST, "evil.example:666")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap()
+    }
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:34";
+    h.reinstalling(mac).await;
+    let script = fetch(&h, &format!("/boot/{mac}.ipxe")).await;
+    let token = token_from_script(&script);
+    let ks = fetch(&h, &format!("/cfg/{token}/kickstart")).await;
+    // server_ip (127.0.0.1 in the demo config) and the port the request arrived on.
+    let port = h.base.rsplit(':').next().unwrap();
+    for text in [&script, &ks] {
+        assert!(!text.contains("evil.example"), "{text}");
+    }
+    assert!(
+        script.contains(&format!("http://127.0.0.1:{port}/images/rocky-9/")),
+        "{script}"
+    );
+    assert!(
+        ks.contains(&format!("http://127.0.0.1:{port}/cb/{token}/installed")),
+        "{ks}"
+    );
+
+    // Behind a proxy that sets Host, the operator opts in.
+    let h = Harness::new(
+        &[("PXED_TRUST_HOST_HEADER", "true")],
+        RecordingBmc::default(),
+    )
+    .await;
+    h.reinstalling(mac).await;
+    let script = fetch(&h, &format!("/boot/{mac}.ipxe")).await;
+    assert!(
+        script.contains("http://evil.example:666/images/rocky-9/"),
+        "{script}"
+    );
 }
 
 #[tokio::test]
@@ -725,6 +1066,22 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
     assert_eq!(r.status(), 413);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"], "too_large");
+    // Names that would be shadowed by an id or a MAC.
+    for name in ["42", "52-54-00-aa-bb-99", " "] {
+        let (s, v) = h
+            .api(
+                reqwest::Method::POST,
+                "/nodes",
+                Some(json!({"macs": ["52:54:00:aa:bb:98"], "name": name})),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (400, Some("bad_request")),
+            "{name}: {v}"
+        );
+    }
     // Duplicate MAC.
     let (s, _) = h
         .api(
@@ -749,9 +1106,10 @@ async fn lost_installed_callback_does_not_reinstall() {
     let h = Harness::new(&[], RecordingBmc::default()).await;
     let mac = "52:54:00:aa:bb:08";
     let (id, token) = h.installing(mac).await;
+    let agent = h.agent_token(&token).await;
     assert_eq!(h.node(id).await["state"], "installing");
     h.cb_to(
-        &token,
+        &agent,
         "first-boot",
         json!({"hostname": "node-aabb08", "arch": "x86_64", "facts": {}}),
         "first_boot",
@@ -763,7 +1121,7 @@ async fn lost_installed_callback_does_not_reinstall() {
         "{script}"
     );
     h.cb_to(
-        &token,
+        &agent,
         "health",
         json!({"status": "fail", "detail": "nvidia-smi: no devices"}),
         "failed",
@@ -799,7 +1157,9 @@ async fn a_node_changed_after_the_read_is_not_served_the_installer() {
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    let (action, reason) = pxed::provision::boot_action_for(&h.st, stale, "http://127.0.0.1").await;
+    let client = Some("127.0.0.1".parse().unwrap());
+    let (action, reason) =
+        pxed::provision::boot_action_for(&h.st, stale, "http://127.0.0.1", client).await;
     assert_eq!(action, pxed::script::Action::LocalBoot, "{reason}");
     assert!(
         reason.contains("quarantined") || reason.contains("not served"),
@@ -995,5 +1355,57 @@ async fn a_read_only_store_is_refused_at_start() {
     assert!(
         e.contains("is not writable") && e.contains("Read-only file system"),
         "{e}"
+    );
+}
+
+/// A BMC step that finishes while the disk is full is not lost: its event is retried
+/// until the store takes it, and the reinstall goes on (it used to be logged as "event
+/// not applied" and the node sat in `reclaiming` until the deadline).
+#[tokio::test]
+async fn an_event_that_meets_a_full_disk_is_applied_once_space_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&mnt, "6m");
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let bmc = RecordingBmc {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    };
+    let h = Harness::new_in(&[], bmc, Some(mnt.clone())).await;
+    let id = h.register("52:54:00:aa:cc:31").await;
+    let (s, v) = h
+        .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
+        .await;
+    assert_eq!(s, 202, "{v}");
+    // The power cycle is under way (netboot was set and recorded)...
+    until(
+        "the power cycle to start",
+        Duration::from_secs(10),
+        async || {
+            h.bmc
+                .calls()
+                .iter()
+                .any(|c| c == "power_cycle")
+                .then_some(())
+        },
+    )
+    .await;
+    // ...when the disk fills up, and then it succeeds.
+    let filler = fill(&mnt);
+    gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.node(id).await["state"], "reclaiming");
+    std::fs::remove_file(filler).unwrap();
+    let n = h.wait_state(id, "netbooting").await;
+    let events: Vec<&str> = n["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert_eq!(
+        events.iter().filter(|e| **e == "power_cycled").count(),
+        1,
+        "{events:?}"
     );
 }

@@ -142,3 +142,98 @@ async fn events_stream_every_change() {
     assert!(seen.contains("event: node"), "{seen}");
     assert!(seen.contains(&format!("\"node_id\":{}", n["id"])), "{seen}");
 }
+
+/// Outside the demo the board lists nothing without a credential: the API token as a
+/// bearer token, or once in the URL, which trades it for a read-only viewer cookie
+/// (it used to serve every node's MACs and state to anyone on the VLAN).
+#[tokio::test]
+async fn the_board_needs_a_credential_unless_opened() {
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", TOKEN), ("PXED_STATUS_PUBLIC", "false")],
+    );
+    pxed::net::install_crypto_provider();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for path in ["/", "/status.json", "/events", "/nodes/1"] {
+        let r = http.get(d.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("needs the API token"), "{path}: {body}");
+    }
+    let r = http
+        .get(d.url("/status.json"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http.get(d.url("/?token=wrong")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(d.url(&format!("/?token={TOKEN}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/");
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && !cookie.contains(TOKEN),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let r = http
+        .get(d.url("/status.json"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The viewer cookie is not an API credential.
+    let value = pair.split('=').nth(1).unwrap();
+    let r = http
+        .get(d.url("/api/v1/nodes"))
+        .bearer_auth(value)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+/// Status-page streams are bounded: beyond the cap a new one gets a JSON 503 while
+/// the snapshot still answers, and a closed stream frees its slot.
+#[tokio::test]
+async fn event_streams_are_bounded() {
+    use std::io::{Read, Write};
+    let d = Daemon::start(&[]);
+    let open = || {
+        let mut c = std::net::TcpStream::connect(&d.http).unwrap();
+        c.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut head = [0u8; 64];
+        let n = c.read(&mut head).unwrap();
+        (c, String::from_utf8_lossy(&head[..n]).to_string())
+    };
+    let mut streams = Vec::new();
+    for _ in 0..pxed::http::status::MAX_SUBSCRIBERS {
+        let (c, head) = open();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        streams.push(c);
+    }
+    let (_, head) = open();
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    let (ok, body, _) =
+        crate::common::run(Command::new("curl").args(["-sf", &d.url("/status.json")]));
+    assert!(ok && body.contains("\"nodes\""), "{body}");
+    drop(streams.pop());
+    let freed = crate::common::poll_blocking(Duration::from_secs(5), || {
+        let (c, head) = open();
+        head.starts_with("HTTP/1.1 200").then_some(c)
+    });
+    assert!(freed.is_some(), "a closed stream did not free its slot");
+}

@@ -565,11 +565,27 @@ async fn a_lost_ack_gets_the_data_again() {
 
 #[tokio::test]
 async fn a_silent_client_gets_retries_plus_one_copies() {
-    let retries = 2;
+    let retries = 3;
     let t = Tftp::start(settings(retries, 8)).await;
     t.random_file("f", 5000);
     let c = Raw::new().await;
     c.rrq(t.addr, "f", &[]).await;
+    let (p, tid) = c.expect("DATA 1").await;
+    assert_data(&p, 1);
+    c.ack(tid, 1).await;
+    let mut copies = 0;
+    while let Some((p, _)) = c.recv(TIMEOUT * 3).await {
+        assert_data(&p, 2);
+        copies += 1;
+    }
+    assert_eq!(copies, retries + 1);
+    t.idle().await;
+    assert_eq!(t.stats.failed.get(), 1);
+    // After the OACK the same.
+    c.rrq(t.addr, "f", &[("blksize", "1024")]).await;
+    let (p, tid) = c.expect("OACK").await;
+    oack_options(&p);
+    c.ack(tid, 0).await;
     let mut copies = 0;
     while let Some((p, _)) = c.recv(TIMEOUT * 3).await {
         assert_data(&p, 1);
@@ -577,28 +593,56 @@ async fn a_silent_client_gets_retries_plus_one_copies() {
     }
     assert_eq!(copies, retries + 1);
     t.idle().await;
-    assert_eq!(t.stats.failed.get(), 1);
-    // The OACK is retransmitted the same way.
-    c.rrq(t.addr, "f", &[("blksize", "1024")]).await;
-    let mut copies = 0;
-    while let Some((p, _)) = c.recv(TIMEOUT * 3).await {
-        oack_options(&p);
-        copies += 1;
+    assert_eq!(t.stats.failed.get(), 2);
+    assert_eq!(t.stats.first_ack_timeouts.get(), 0);
+}
+
+/// A client that never acknowledges the first packet (OACK or DATA 1) gets it
+/// twice and frees its slot within a second, whatever the timeout and retries that
+/// apply once it has answered.
+#[tokio::test]
+async fn a_client_that_never_answers_frees_its_slot_within_a_second() {
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 8,
+        timeout: Duration::from_secs(5),
+        retries: 5,
+    })
+    .await;
+    t.random_file("f", 5000);
+    for opts in [&[][..], &[("tsize", "0"), ("blksize", "1468")]] {
+        let c = Raw::new().await;
+        let started = Instant::now();
+        c.rrq(t.addr, "f", opts).await;
+        let (first, _) = c.expect("the first packet").await;
+        let (again, _) = c.expect("the first packet again").await;
+        assert_eq!(again, first);
+        t.idle().await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(1200), "slot held {took:?}");
+        assert!(c.recv(Duration::from_millis(300)).await.is_none());
     }
-    assert_eq!(copies, retries + 1);
+    assert_eq!(t.stats.first_ack_timeouts.get(), 2);
+    assert_eq!(t.stats.retransmits.get(), 2);
+    assert_eq!(t.stats.failed.get(), 0);
+    assert!(
+        t.metrics()
+            .contains("pxed_tftp_first_ack_timeouts_total 2\n")
+    );
 }
 
 #[tokio::test]
 async fn a_client_whose_port_closed_ends_the_transfer_at_once() {
-    // With 20 retries a silent client holds its slot for 20 timeouts (4 s); a
-    // client whose port is closed answers the first resend with ICMP port
-    // unreachable, and that ends the transfer.
+    // With 20 retries a silent client holds its slot for 20 timeouts (4 s) once it
+    // has answered; a client whose port is closed answers the first resend with
+    // ICMP port unreachable, and that ends the transfer.
     let t = Tftp::start(settings(20, 8)).await;
     t.random_file("f", 5000);
     let c = Raw::new().await;
     c.rrq(t.addr, "f", &[]).await;
-    let (p, _) = c.expect("DATA 1").await;
+    let (p, tid) = c.expect("DATA 1").await;
     assert_data(&p, 1);
+    c.ack(tid, 1).await;
+    assert_data(&c.expect("DATA 2").await.0, 2);
     let started = Instant::now();
     drop(c);
     t.idle().await;
@@ -652,8 +696,12 @@ async fn over_the_limit_is_busy() {
     t.random_file("f", 5000);
     let a = Raw::new().await;
     a.rrq(t.addr, "f", &[]).await;
-    assert_data(&a.expect("DATA 1").await.0, 1);
-    let b = Raw::new().await;
+    let (p, tid) = a.expect("DATA 1").await;
+    assert_data(&p, 1);
+    // Answered, so not a transfer a newcomer can take the slot of.
+    a.ack(tid, 1).await;
+    assert_data(&a.expect("DATA 2").await.0, 2);
+    let b = Raw::new_on("127.0.0.2:0").await;
     b.rrq(t.addr, "f", &[]).await;
     let (p, from) = b.expect("busy").await;
     assert_error(&p, 0);
@@ -735,4 +783,276 @@ async fn wildcard_listener_replies_from_the_contacted_address() {
     }
     t.idle().await;
     assert_eq!(t.stats.completed.get(), 2);
+}
+
+/// Threads of this process (the test binary: the server runs in it).
+fn threads() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// Samples `threads()` every few milliseconds until dropped; keeps the highest.
+struct ThreadPeak {
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ThreadPeak {
+    fn start() -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let peak = Arc::new(AtomicUsize::new(threads()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(threads(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        ThreadPeak { peak, stop }
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for ThreadPeak {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 10, finding 6: 300 requests that never acknowledge, from 100 addresses
+/// (under the per-client limit, as forged addresses would be), more than the
+/// default 256 slots. A real client is still served at once, and the half-open
+/// transfers hold no thread each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_flood_does_not_delay_a_real_client() {
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 256,
+        timeout: Duration::from_secs(1),
+        retries: 5,
+    })
+    .await;
+    let data = t.random_file("snponly.efi", 200_000);
+    let before = threads();
+    let peak = ThreadPeak::start();
+    let mut flood = Vec::new();
+    for i in 0..300u32 {
+        let c = Raw::new_on(&format!("127.0.0.{}:0", 10 + i / 3)).await;
+        // Half ask for options (OACK first), half not (DATA 1 first).
+        let opts: &[(&str, &str)] = if i % 2 == 0 {
+            &[("tsize", "0"), ("blksize", "1468")]
+        } else {
+            &[]
+        };
+        c.rrq(t.addr, "snponly.efi", opts).await;
+        // Kept open: a closed port would end its transfer at once.
+        flood.push(c);
+    }
+    let all = async || (t.stats.requests.get() == 300).then_some(());
+    assert!(poll(Duration::from_secs(5), all).await.is_some());
+    let out = tempfile::tempdir().unwrap();
+    let got = out.path().join("got");
+    let started = Instant::now();
+    curl(t.port(), "snponly.efi", &got, 1468).await;
+    let took = started.elapsed();
+    same(&got, &data, "during the flood");
+    assert!(took < Duration::from_secs(1), "served after {took:?}");
+    // Every half-open transfer ends within about a second of its request.
+    let done = async || (t.stats.active.get() == 0).then_some(());
+    assert!(
+        poll(Duration::from_secs(2), done).await.is_some(),
+        "{}",
+        t.metrics()
+    );
+    let peak = peak.peak();
+    assert!(
+        peak < before + 40,
+        "threads: {before} before the flood, {peak} at its peak"
+    );
+    let s = &t.stats;
+    assert_eq!(s.completed.get(), 1);
+    assert_eq!(s.busy.get(), 0);
+    assert_eq!(s.evicted.get() + s.first_ack_timeouts.get(), 300);
+    assert!(s.evicted.get() >= 300 - 256, "{}", t.metrics());
+    eprintln!("threads: {before} before the flood, {peak} at its peak; curl took {took:?}");
+}
+
+/// One address gets `MAX_PER_CLIENT` (4) transfers; beyond that it is told busy,
+/// while another address is served.
+#[tokio::test]
+async fn one_client_address_gets_at_most_four_transfers() {
+    // A timeout of 1 s keeps the half-open transfers for a second.
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 64,
+        timeout: Duration::from_secs(1),
+        retries: 3,
+    })
+    .await;
+    t.random_file("f", 5000);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let c = Raw::new_on("127.0.0.2:0").await;
+        c.rrq(t.addr, "f", &[]).await;
+        let (p, tid) = c.expect("DATA 1").await;
+        assert_data(&p, 1);
+        held.push((c, tid));
+    }
+    let fifth = Raw::new_on("127.0.0.2:0").await;
+    fifth.rrq(t.addr, "f", &[]).await;
+    let (p, from) = fifth.expect("busy").await;
+    assert_error(&p, 0);
+    assert_eq!(&p[4..p.len() - 1], b"server busy (per-client limit)");
+    assert_eq!(from, t.addr);
+    let other = Raw::new_on("127.0.0.3:0").await;
+    other.rrq(t.addr, "f", &[]).await;
+    assert_data(&other.expect("DATA 1 for another address").await.0, 1);
+    // A transfer of the first address ends: it may start another.
+    let (c, tid) = held.pop().unwrap();
+    c.sock.send_to(b"\0\x05\0\x00done\0", tid).await.unwrap();
+    let again = async || {
+        fifth.rrq(t.addr, "f", &[]).await;
+        let (p, _) = fifth.expect("an answer").await;
+        (opcode(&p) == 3).then_some(())
+    };
+    assert!(poll(Duration::from_secs(2), again).await.is_some());
+    assert!(t.stats.busy_client.get() >= 1);
+    assert_eq!(t.stats.busy.get(), 0);
+    assert!(t.metrics().contains(&format!(
+        "pxed_tftp_busy_client_total {}\n",
+        t.stats.busy_client.get()
+    )));
+}
+
+/// With every slot taken, a newcomer ends the oldest half-open transfer (whose
+/// client is told busy), never one whose client has answered.
+#[tokio::test]
+async fn a_newcomer_takes_the_slot_of_the_oldest_half_open_transfer() {
+    // A timeout of 1 s keeps the half-open transfers for a second.
+    let t = Tftp::start(TftpSettings {
+        max_transfers: 3,
+        timeout: Duration::from_secs(1),
+        retries: 3,
+    })
+    .await;
+    t.random_file("f", 5000);
+    let answered = Raw::new_on("127.0.0.2:0").await;
+    answered.rrq(t.addr, "f", &[]).await;
+    let (p, tid) = answered.expect("DATA 1").await;
+    assert_data(&p, 1);
+    answered.ack(tid, 1).await;
+    assert_data(&answered.expect("DATA 2").await.0, 2);
+    let old = Raw::new_on("127.0.0.3:0").await;
+    old.rrq(t.addr, "f", &[]).await;
+    assert_data(&old.expect("DATA 1").await.0, 1);
+    let young = Raw::new_on("127.0.0.4:0").await;
+    young.rrq(t.addr, "f", &[("blksize", "1024")]).await;
+    let (p, young_tid) = young.expect("OACK").await;
+    oack_options(&p);
+    let new = Raw::new_on("127.0.0.5:0").await;
+    new.rrq(t.addr, "f", &[]).await;
+    let (p, tid) = new.expect("DATA 1 for the newcomer").await;
+    assert_data(&p, 1);
+    let (p, _) = old.expect("busy for the oldest half-open").await;
+    assert_error(&p, 0);
+    assert_eq!(t.stats.evicted.get(), 1);
+    // Once the newcomer has answered, nobody half-open is left to end.
+    new.ack(tid, 1).await;
+    assert_data(&new.expect("DATA 2").await.0, 2);
+    young.ack(young_tid, 0).await;
+    let p = loop {
+        let (p, _) = young.expect("DATA 1 after the OACK").await;
+        // Skip a resent OACK.
+        if opcode(&p) != 6 {
+            break p;
+        }
+    };
+    assert_data(&p, 1);
+    let late = Raw::new_on("127.0.0.6:0").await;
+    late.rrq(t.addr, "f", &[]).await;
+    let (p, _) = late.expect("busy").await;
+    assert_error(&p, 0);
+    assert_eq!(&p[4..p.len() - 1], b"server busy");
+    assert_eq!(t.stats.busy.get(), 1);
+    assert_eq!(t.stats.evicted.get(), 1);
+}
+
+/// Opens the FIFO for writing without waiting, which releases a reader blocked in
+/// `open` (today's bug) so the test runtime can shut down after a failure.
+struct FifoRelease(PathBuf);
+
+impl Drop for FifoRelease {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.0);
+    }
+}
+
+/// Issue 10, finding 8: a FIFO in the served tree is refused at once, and neither
+/// holds a slot nor blocks shutdown; only regular files inside the root are served
+/// (a symlink is followed while it stays inside the root).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_regular_files_inside_the_root_are_served() {
+    let mut t = Tftp::start(settings(3, 8)).await;
+    let data = t.random_file("real", 3000);
+    let fifo = t.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let _release = FifoRelease(fifo);
+    std::fs::create_dir(t.path("dir")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"no").unwrap();
+    let link = |to: &Path, name: &str| std::os::unix::fs::symlink(to, t.path(name)).unwrap();
+    link(Path::new("fifo"), "to-fifo");
+    link(Path::new("/dev/zero"), "to-dev");
+    link(&outside.path().join("secret"), "to-outside");
+    link(outside.path(), "outdir");
+    link(Path::new("real"), "to-real");
+    link(Path::new("dir/../real"), "to-real-dotdot");
+    let c = Raw::new().await;
+    let cases: &[(&str, u16)] = &[
+        ("fifo", 2),
+        ("to-fifo", 2),
+        ("dir", 2),
+        ("to-dev", 2),
+        ("to-outside", 2),
+        ("outdir/secret", 2),
+    ];
+    for (name, code) in cases {
+        let started = Instant::now();
+        c.rrq(t.addr, name, &[]).await;
+        let (p, _) = c
+            .recv(Duration::from_millis(500))
+            .await
+            .unwrap_or_else(|| panic!("{name}: no answer within 500 ms"));
+        assert_error(&p, *code);
+        assert!(started.elapsed() < Duration::from_millis(500), "{name}");
+    }
+    t.idle().await;
+    assert_eq!(t.stats.not_regular.get(), 3);
+    assert_eq!(t.stats.refused.get(), cases.len() as u64);
+    // Symlinks that stay inside the root are served.
+    let out = tempfile::tempdir().unwrap();
+    for name in ["to-real", "to-real-dotdot"] {
+        let got = out.path().join(name);
+        tftp_hpa(t.port(), "binary", name, &got).await;
+        same(&got, &data, name);
+    }
+    // A request for the FIFO in flight does not hold up shutdown.
+    c.rrq(t.addr, "fifo", &[]).await;
+    t.cancel.cancel();
+    timeout(Duration::from_secs(1), t.task.take().unwrap())
+        .await
+        .expect("serve did not return within 1 s")
+        .unwrap()
+        .unwrap();
+    assert!(t.metrics().contains("pxed_tftp_not_regular_total "));
 }
