@@ -3,8 +3,8 @@
 //!
 //! Input (UTF-8): the TOML file, then optionally a line `%%env` followed by lines
 //! `NAME=VALUE` (environment; `--lease-time=V` and `--pool=V` lines set those flags).
-//! The file part is written to one scratch file per process (in /dev/shm when there is
-//! one), since `load` reads a path.
+//! The file part is written to one scratch file per process (unlinked, read through
+//! `/proc/self/fd`), since `load` reads a path.
 //!
 //! Invariants, besides "no panic" (a config that loads is one `pxed serve` can run):
 //! - `check-config` can print it (`toml::to_string_pretty`);
@@ -22,8 +22,10 @@ use libfuzzer_sys::fuzz_target;
 use pxed::config::{Config, Flags, load};
 use pxed::dhcp::Policy;
 
-fn scratch() -> &'static PathBuf {
-    static P: OnceLock<PathBuf> = OnceLock::new();
+/// The scratch file `load` reads: created and unlinked at once, then reached through
+/// `/proc/self/fd`, so nothing is left behind however the process ends.
+fn scratch() -> &'static (std::fs::File, PathBuf) {
+    static P: OnceLock<(std::fs::File, PathBuf)> = OnceLock::new();
     P.get_or_init(|| {
         let dir = PathBuf::from("/dev/shm");
         let dir = if dir.is_dir() {
@@ -31,7 +33,17 @@ fn scratch() -> &'static PathBuf {
         } else {
             std::env::temp_dir()
         };
-        dir.join(format!("pxed-fuzz-config-{}.toml", std::process::id()))
+        let path = dir.join(format!("pxed-fuzz-config-{}.toml", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("scratch file");
+        std::fs::remove_file(&path).expect("unlink scratch file");
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        (file, PathBuf::from(format!("/proc/self/fd/{fd}")))
     })
 }
 
@@ -96,8 +108,14 @@ fuzz_target!(|data: &[u8]| {
             vars.push((k.to_string(), v.to_string()));
         }
     }
-    let path = scratch();
-    std::fs::write(path, file).expect("scratch file");
+    let (scratch, path) = scratch();
+    {
+        use std::io::{Seek, Write};
+        let mut f = scratch;
+        f.set_len(0).expect("truncate scratch file");
+        f.rewind().expect("rewind scratch file");
+        f.write_all(file.as_bytes()).expect("write scratch file");
+    }
     if let Ok(c) = load(Some(path), vars.clone(), &flags) {
         check(&c);
     }

@@ -28,7 +28,7 @@ use pxed::script::{Action, ArchBoot, render};
 
 /// The fuzz input: 9 bytes (MAC, action, image, flags), then UTF-8 fields separated by
 /// `\x1f`: reason, host, mirror base, token, hostname, SSH keys (separated by `\x1e`),
-/// root password hash, time zone. A missing field takes a plain value, so short inputs
+/// root password hash, time zone, first-boot agent token. A missing field takes a plain value, so short inputs
 /// still reach the renderers rather than stopping at validation.
 #[derive(Debug)]
 struct Input {
@@ -38,7 +38,8 @@ struct Input {
     image: u8,
     arm64: bool,
     reason: String,
-    /// The `Host` the node sent (only what `http::agent::base_url` lets through is used).
+    /// The `Host` the node sent (used as `http::agent::base_url` uses it with
+    /// `trust_host_header`: only when it passes that filter).
     host: String,
     mirror_base: String,
     token: String,
@@ -46,6 +47,7 @@ struct Input {
     ssh_keys: Vec<String>,
     root_hash: Option<String>,
     timezone: String,
+    agent_token: String,
 }
 
 impl Input {
@@ -62,6 +64,7 @@ impl Input {
         let keys = next("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE0 ops@lab");
         let hash = next("$6$salt$hash");
         let timezone = next("Europe/Berlin");
+        let agent_token = next("agt456");
         Some(Input {
             mac: head[..6].try_into().ok()?,
             action: head[6],
@@ -79,6 +82,7 @@ impl Input {
                 .collect(),
             root_hash: (head[8] & 2 == 2).then_some(hash),
             timezone,
+            agent_token,
         })
     }
 }
@@ -129,7 +133,8 @@ fn catalog() -> &'static [ImageDef] {
     })
 }
 
-/// `http::agent::base_url`'s rule for the `Host` header, else the configured server.
+/// `http::agent::base_url`'s rule for the `Host` header (with `trust_host_header`),
+/// else the configured server.
 fn base_url(host: &str) -> String {
     if !host.is_empty()
         && host
@@ -270,6 +275,7 @@ fn check_install(inp: &Input, img: &ImageDef) {
         &inp.mirror_base,
         &base,
         &inp.token,
+        &inp.agent_token,
         &inp.hostname,
     ) else {
         return;
@@ -292,6 +298,7 @@ fn check_install(inp: &Input, img: &ImageDef) {
         "http://mirror.lab/",
         "http://10.0.0.1",
         "tok",
+        "agt",
         "node-1",
     )
     .expect("plain context");

@@ -32,7 +32,8 @@ struct Root {
 fn root() -> &'static Root {
     static ROOT: OnceLock<Root> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let base = std::env::temp_dir().join(format!("pxed-fuzz-tftp-{}", std::process::id()));
+        // One tree for every run (same content each time): nothing piles up in /tmp.
+        let base = std::env::temp_dir().join("pxed-fuzz-tftp");
         let root = base.join("root");
         std::fs::create_dir_all(root.join("sub")).unwrap();
         for f in ["undionly.kpxe", "snponly.efi", "sub/f"] {
@@ -40,6 +41,7 @@ fn root() -> &'static Root {
         }
         let secret = base.join("secret");
         std::fs::write(&secret, b"secret").unwrap();
+        // Symlinks may be there from an earlier run (or a concurrent one).
         let _ = std::os::unix::fs::symlink(&secret, root.join("out"));
         let _ = std::os::unix::fs::symlink("sub/f", root.join("in"));
         let _ = std::os::unix::fs::symlink("..", root.join("up"));
