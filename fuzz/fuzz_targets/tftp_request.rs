@@ -1,14 +1,16 @@
 //! TFTP: datagram bytes → `tftp::packet::parse_request` (the listening port) and
 //! `parse_client` (a transfer's port); a parsed read request's options →
 //! `tftp::negotiate`; its file name → `tftp::path::resolve` in a scratch root that has
-//! a symlink leading out of it.
+//! a symlink leading out of it, a FIFO and a directory, and `tftp::path::open`.
 //!
 //! Invariants, besides "no panic":
 //! - a parsed request has a NUL-free file name and non-empty ASCII option names;
 //! - the negotiated block size is in 8..=65464, the window in 1..=64, the timeout the
 //!   default or 1..=255 s; the OACK names each option once, only options the client
 //!   sent, tsize as the file's real size, and encodes to what it says;
-//! - a resolved path is inside the root, never the file outside it.
+//! - a resolved path is inside the root, never the file outside it; `open` returns
+//!   only a regular file inside the root (never waiting on the FIFO: a hang would be
+//!   a libFuzzer timeout), and refuses the FIFO and the directory as not regular.
 #![no_main]
 
 use std::path::{Path, PathBuf};
@@ -18,7 +20,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use pxed::tftp::negotiate;
 use pxed::tftp::packet::{ClientPacket, encode_oack, parse_client, parse_request};
-use pxed::tftp::path::resolve;
+use pxed::tftp::path::{Refusal, open, resolve};
 
 const SIZE: u64 = 1_058_816;
 const TIMEOUT: Duration = Duration::from_millis(700);
@@ -28,7 +30,8 @@ struct Root {
     secret: PathBuf,
 }
 
-/// `<tmp>/root/{undionly.kpxe, snponly.efi, sub/f, in -> sub/f, out -> ../secret}`.
+/// `<tmp>/root/{undionly.kpxe, snponly.efi, sub/f, fifo, in -> sub/f, out -> ../secret,
+/// up -> ..}`.
 fn root() -> &'static Root {
     static ROOT: OnceLock<Root> = OnceLock::new();
     ROOT.get_or_init(|| {
@@ -45,6 +48,10 @@ fn root() -> &'static Root {
         let _ = std::os::unix::fs::symlink(&secret, root.join("out"));
         let _ = std::os::unix::fs::symlink("sub/f", root.join("in"));
         let _ = std::os::unix::fs::symlink("..", root.join("up"));
+        let fifo = std::ffi::CString::new(root.join("fifo").into_os_string().into_encoded_bytes())
+            .unwrap();
+        // SAFETY: a NUL-terminated path; an existing FIFO (EEXIST) is fine.
+        unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
         Root {
             root: root.canonicalize().unwrap(),
             secret: secret.canonicalize().unwrap(),
@@ -61,6 +68,21 @@ fn check_resolve(name: &[u8]) {
         );
         assert_ne!(p, r.secret, "{name:?} reached the file outside the root");
         assert!(!Path::new(&p).components().any(|c| c.as_os_str() == ".."));
+    }
+    match open(&r.root, name) {
+        Ok((_, meta)) => {
+            let p = resolve(&r.root, name).expect("open resolved it");
+            assert!(
+                meta.is_file() && p.starts_with(&r.root),
+                "{name:?} opened {p:?}"
+            );
+            assert_ne!(p, r.secret);
+        }
+        Err(Refusal::NotRegular) => {
+            let p = resolve(&r.root, name).expect("refused as not regular, so resolved");
+            assert!(!p.is_file(), "{p:?} refused although regular");
+        }
+        Err(_) => {}
     }
 }
 
