@@ -9,7 +9,7 @@ pkgs=(iproute2 dnsmasq-base isc-dhcp-client dhcpcd-base udhcpc busybox-static
       tftp-hpa atftp tftpd-hpa curl openipmi ipmitool kea-admin
       systemd python3-venv ca-certificates shellcheck cloud-init python3-jsonschema python3-yaml
       debconf openssl chromium ovmf qemu-efi-aarch64 ipxe-qemu
-      debootstrap mtools dosfstools grub-efi-amd64-bin zstd fdisk e2fsprogs cpio kmod)
+      debootstrap mtools dosfstools grub-efi-amd64-bin zstd fdisk e2fsprogs cpio kmod g++)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -53,4 +53,8 @@ fi
 # iPXE binaries (Debian trixie's ipxe package, fetched without touching the system's sources).
 if [ ! -f "$here/ipxe/bin/snponly.efi" ]; then
   bash "$here/ipxe/fetch.sh" "$here/ipxe/bin"
+fi
+# cargo-fuzz for fuzz/run.sh (libFuzzer targets; g++ above builds libfuzzer-sys).
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  cargo install cargo-fuzz --locked
 fi
