@@ -261,6 +261,23 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Every node, page by page (`GET /api/v1/nodes?after=…`, the largest page).
+    async fn all_nodes(&self) -> Result<Vec<NodeView>, ClientError> {
+        let mut all: Vec<NodeView> = Vec::new();
+        loop {
+            let after = all.last().map_or(0, |n| n.id);
+            let path = format!("/nodes?limit={}&after={after}", crate::http::api::MAX_PAGE);
+            let page: Vec<NodeView> = self.call(reqwest::Method::GET, &path, None, &[]).await?;
+            let full = page.len() == crate::http::api::MAX_PAGE as usize;
+            all.extend(page);
+            if !full {
+                return Ok(all);
+            }
+        }
+    }
+}
+
 /// Prints rows as an aligned table.
 fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
@@ -325,7 +342,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
     match cmd {
         NodeCmd::List(a) => {
             let api = Api::new(&a)?;
-            let v: Vec<NodeView> = api.call(Method::GET, "/nodes", None, &[]).await?;
+            let v = api.all_nodes().await?;
             if a.json {
                 print_json(&v);
             } else {

@@ -1551,3 +1551,109 @@ async fn a_sticky_override_is_cleared_after_the_netboot() {
         assert_eq!(n["state"], "installing");
     }
 }
+
+/// Issue 10, finding 5: listings are pages, so their memory and time stay bounded
+/// however many nodes the inventory holds. `GET /api/v1/nodes` gives at most 500 by
+/// default (1,000 asked for) and a `Link: rel="next"`; `/status.json` counts every node
+/// in SQL and lists one page; bad paging parameters are JSON errors.
+#[tokio::test]
+async fn node_listings_are_paged() {
+    use pxed::model::{Mac, State};
+    use pxed::store::nodes::NewNode;
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    for i in 0..1_203u32 {
+        let b = i.to_be_bytes();
+        let n = NewNode {
+            name: None,
+            arch: pxed::model::Arch::X86_64.into(),
+            state: if i % 100 == 7 {
+                State::Failed
+            } else {
+                State::Available
+            },
+            macs: vec![Mac([0x52, 0x54, 0, b[1], b[2], b[3]])],
+            boot_mac: None,
+            bmc: None,
+        };
+        h.st.store.create_node(&n, "test").await.unwrap();
+    }
+    let get = async |path: &str| {
+        let r = h
+            .http
+            .get(format!("{}{path}", h.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let link = r
+            .headers()
+            .get("link")
+            .map(|v| v.to_str().unwrap().to_string());
+        let v: Value = r.json().await.unwrap();
+        (status, link, v)
+    };
+
+    // Default page, then follow the links to the end: every node once, in id order.
+    let (s, mut link, v) = get("/api/v1/nodes").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v.as_array().unwrap().len(), 500);
+    let mut ids: Vec<i64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_i64().unwrap())
+        .collect();
+    while let Some(l) = link {
+        let next = l
+            .strip_prefix('<')
+            .and_then(|l| l.split_once(">; rel=\"next\""))
+            .map(|(u, _)| u.to_string())
+            .unwrap_or_else(|| panic!("Link header {l}"));
+        let (s, l2, v) = get(&next).await;
+        assert_eq!(s, 200);
+        ids.extend(
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n["id"].as_i64().unwrap()),
+        );
+        link = l2;
+    }
+    assert_eq!(ids.len(), 1_203);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+
+    // A state filter pages too (12 failed nodes, 5 a page).
+    let (_, link, v) = get("/api/v1/nodes?state=failed&limit=5").await;
+    assert_eq!(v.as_array().unwrap().len(), 5);
+    assert!(v.as_array().unwrap().iter().all(|n| n["state"] == "failed"));
+    assert!(link.unwrap().contains("state=failed"));
+
+    // The board: every node counted, one page listed.
+    let (s, _, st) = get("/status.json").await;
+    assert_eq!(s, 200);
+    assert_eq!(st["total"], 1_203);
+    assert_eq!(st["nodes"].as_array().unwrap().len(), 500);
+    assert_eq!(st["counts"], json!([["available", 1_191], ["failed", 12]]));
+    assert_eq!(st["next"], "after=500&limit=500");
+    let (_, _, st) = get("/status.json?state=failed&limit=1000").await;
+    assert_eq!(st["nodes"].as_array().unwrap().len(), 12);
+    assert_eq!(st["next"], Value::Null);
+
+    // Bad parameters: JSON errors, nothing listed.
+    for (path, status, code) in [
+        ("/api/v1/nodes?limit=0", 422, "bad_limit"),
+        ("/api/v1/nodes?limit=1001", 422, "bad_limit"),
+        ("/api/v1/nodes?limit=-1", 400, "bad_request"),
+        ("/api/v1/nodes?state=sleeping", 400, "bad_request"),
+        ("/api/v1/nodes?page=2", 400, "bad_request"),
+        ("/status.json?limit=5000", 422, "bad_limit"),
+    ] {
+        let (s, _, v) = get(path).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (status, Some(code)),
+            "{path}: {v}"
+        );
+    }
+}
