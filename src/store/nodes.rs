@@ -802,8 +802,8 @@ mod tests {
             use tracing_subscriber::layer::SubscriberExt;
             let c = Arc::new(StatementCounter {
                 needles: vec![
-                    ("FROM interfaces WHERE node_id", AtomicUsize::new(0)),
-                    ("FROM interfaces ORDER BY node_id", AtomicUsize::new(0)),
+                    ("FROM interfaces WHERE node_id = ?", AtomicUsize::new(0)),
+                    ("FROM interfaces WHERE node_id > ?", AtomicUsize::new(0)),
                 ],
             });
             let sub = tracing_subscriber::registry()
