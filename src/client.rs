@@ -94,6 +94,10 @@ pub enum ImageCmd {
     Add {
         /// Catalog name (e.g. rocky-9) or path of a definition file.
         image: String,
+        /// Import only this architecture (x86_64 or arm64); by default every one the
+        /// entry lists must be on the mirror.
+        #[arg(long)]
+        arch: Option<crate::model::Arch>,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -490,8 +494,19 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
         .await
         .map_err(|e| ClientError::Other(e.to_string()))?;
     match cmd {
-        ImageCmd::Add { image, .. } => {
-            let def = find_image(&cfg.images_catalog, &image)?;
+        ImageCmd::Add { image, arch, .. } => {
+            let mut def = find_image(&cfg.images_catalog, &image)?;
+            if let Some(arch) = arch {
+                if !def.arches.contains_key(&arch) {
+                    let has: Vec<&str> = def.arches.keys().map(|a| a.as_str()).collect();
+                    return Err(ClientError::Other(format!(
+                        "image {} has no {arch} (it has {})",
+                        def.name,
+                        has.join(", ")
+                    )));
+                }
+                def.arches.retain(|a, _| *a == arch);
+            }
             let mirror = cfg.mirror_base.clone().ok_or_else(|| {
                 ClientError::Other("set mirror_base in the config (the local OS mirror)".into())
             })?;
