@@ -6,6 +6,7 @@
 #
 # DIR/debian/ then holds
 #   dists/bookworm/{InRelease,Release,Release.gpg}             (signed, as published)
+#   dists/bookworm/main/binary-amd64/Release                  (choose-mirror checks it)
 #   dists/bookworm/main/debian-installer/binary-amd64/Packages.{gz,xz}
 #   dists/bookworm/main/installer-amd64/current/images/netboot/debian-installer/amd64/
 #       {linux,initrd.gz}   from the debian-installer-12-netboot-amd64 package (the
@@ -33,7 +34,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 curl -fsS -o "$tmp/Release" "$ARCHIVE/dists/$S/Release"
 if [ -f "$OUT/.complete" ] && cmp -s "$tmp/Release" "$D/dists/$S/Release" \
-   && [ -s "$IMG/linux" ] && [ -s "$IMG/initrd.gz" ]; then
+   && [ -s "$IMG/linux" ] && [ -s "$IMG/initrd.gz" ] && [ -s "$D/dists/$S/main/binary-amd64/Release" ]; then
   echo "di-mirror: up to date in $OUT ($(cat "$OUT/.complete"))"
   exit 0
 fi
@@ -42,6 +43,8 @@ mkdir -p "$D/dists/$S" "$DI" "$IMG"
 for f in InRelease Release Release.gpg; do
   curl -fsS -o "$D/dists/$S/$f" "$ARCHIVE/dists/$S/$f"
 done
+mkdir -p "$D/dists/$S/main/binary-amd64"
+curl -fsS -o "$D/dists/$S/main/binary-amd64/Release" "$ARCHIVE/dists/$S/main/binary-amd64/Release"
 for f in Packages.gz Packages.xz; do
   curl -fsS -o "$DI/$f" "$ARCHIVE/dists/$S/main/debian-installer/binary-amd64/$f" || rm -f "$DI/$f"
 done

@@ -2,7 +2,7 @@
 # The pxed lab: a real Debian 12 put on a QEMU VM through pxed, under Redfish power control.
 #
 #   lab/run.sh [--vms N] [--reinstalls N] [--keep] [--no-install] [--fault NAME]
-#              [--firmware ovmf|seabios]
+#              [--firmware ovmf|seabios] [--installer]
 #
 # As root on a fresh Debian 12 machine, in this order:
 #   1. installs what it needs (.ci/install.sh), builds pxed (release), the Debian 12 disk
@@ -28,11 +28,18 @@
 #   nooverride generation 1 deploys; for generation 2 the BMC accepts the one-time Pxe
 #              override but the VM boots its old disk: the node must never be reported
 #              reinstalled, it ends `failed` at netbooting, "never netbooted".
+# --installer, one VM: instead of the image deploy, the vendor's installer: Debian 12's
+#   debian-installer (debian-installer-12-netboot-amd64) from a mirror built from the
+#   archive by lab/di-mirror.sh and served in the namespace on 10.98.0.1:8080. It loads
+#   pxed's preseed, logs to pxed's syslog receiver, and stops where the archive's gaps
+#   leave it without an installer component (see lab/README.md): the lab checks that
+#   pxed saw the preseed loaded and the hostname preseeded, and failed the node at
+#   installing with the installer's own words within two minutes of the error.
 # KEEP=1 or --keep leaves the namespace, pxed and the VMs running (status page at
 #   http://10.98.0.1/ inside the namespace: `ip netns exec pxlab curl -s 10.98.0.1/`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-VMS=1 REINSTALLS=2 KEEP=${KEEP:-} INSTALL=1 FAULT='' FIRMWARE=ovmf PASSES=0
+VMS=1 REINSTALLS=2 KEEP=${KEEP:-} INSTALL=1 FAULT='' FIRMWARE=ovmf PASSES=0 INSTALLER=''
 while [ $# -gt 0 ]; do
   case "$1" in
     --vms) VMS=$2; shift ;;
@@ -41,6 +48,7 @@ while [ $# -gt 0 ]; do
     --no-install) INSTALL= ;;
     --fault) FAULT=$2; shift ;;
     --firmware) FIRMWARE=$2; shift ;;
+    --installer) INSTALLER=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -51,7 +59,7 @@ CACHE=${PXED_IMAGE_CACHE:-$here/images/cache}
 W=$(mktemp -d /tmp/pxlab.XXXXXX)
 TOKEN=lab-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 T0=$(date +%s)
-PXED_PID='' CTL_PID=''
+PXED_PID='' CTL_PID='' MIRROR_PID=''
 FAILED=0
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -67,6 +75,7 @@ cleanup() {
   [ -n "$CTL_PID" ] && kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
   [ -f "$W/lab.json" ] && python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1
   [ -n "$PXED_PID" ] && kill -TERM "$PXED_PID" 2>/dev/null && wait "$PXED_PID" 2>/dev/null
+  [ -n "$MIRROR_PID" ] && kill -TERM "$MIRROR_PID" 2>/dev/null && wait "$MIRROR_PID" 2>/dev/null
   ip netns pids "$NS" 2>/dev/null | xargs -r kill -9 2>/dev/null
   ip netns del "$NS" 2>/dev/null
   rm -rf "$W"
@@ -85,14 +94,21 @@ fi
 say "building pxed (release)"
 (cd "$here" && cargo build --release --quiet)
 PXED=$here/target/release/pxed
-say "building or reusing the Debian 12 image and the deploy ramdisk in $CACHE"
-bash "$here/images/build/debian-12.sh" --out "$CACHE" > "$W/image.log" 2>&1 || { tail -30 "$W/image.log"; exit 1; }
-bash "$here/images/build/deploy-ramdisk.sh" --pxed "$PXED" --out "$CACHE" > "$W/ramdisk.log" 2>&1 \
-  || { tail -30 "$W/ramdisk.log"; exit 1; }
-tail -n 2 "$W/image.log" "$W/ramdisk.log" | grep -v '^$' | sed 's/^/    /'
+IMAGE=debian-12 MIRROR=$CACHE
+if [ -n "$INSTALLER" ]; then
+  say "building or reusing the debian-installer mirror in $CACHE/di-mirror"
+  bash "$here/lab/di-mirror.sh" --out "$CACHE/di-mirror" > "$W/mirror.log" 2>&1 || { tail -30 "$W/mirror.log"; exit 1; }
+  tail -n 1 "$W/mirror.log" | sed 's/^/    /'
+  IMAGE=debian-12-installer MIRROR=http://$SERVER:8080/ VMS=1 REINSTALLS=1
+else
+  say "building or reusing the Debian 12 image and the deploy ramdisk in $CACHE"
+  bash "$here/images/build/debian-12.sh" --out "$CACHE" > "$W/image.log" 2>&1 || { tail -30 "$W/image.log"; exit 1; }
+  bash "$here/images/build/deploy-ramdisk.sh" --pxed "$PXED" --out "$CACHE" > "$W/ramdisk.log" 2>&1 \
+    || { tail -30 "$W/ramdisk.log"; exit 1; }
+  tail -n 2 "$W/image.log" "$W/ramdisk.log" | grep -v '^$' | sed 's/^/    /'
+fi
 
 # The image store pxed imports from: the build output, or a copy with a fault in it.
-MIRROR=$CACHE
 if [ "$FAULT" = checksum ]; then
   MIRROR=$W/mirror; mkdir -p "$MIRROR"
   ln -s "$CACHE/debian-12-amd64.raw.zst" "$CACHE/deploy-amd64" "$MIRROR/"
@@ -132,8 +148,17 @@ export PXED_LIFECYCLE__DEADLINES__NETBOOTING=${LAB_NETBOOT_DEADLINE:-10m}
 export PXED_LIFECYCLE__DEADLINES__INSTALLING=${LAB_INSTALL_DEADLINE:-15m}
 export PXED_LIFECYCLE__DEADLINES__FIRST_BOOT=${LAB_FIRSTBOOT_DEADLINE:-10m}
 SRV=(--data-dir "$W/data" --ipxe-dir "$here/ipxe/bin")
-say "importing image debian-12 from $MIRROR"
-"$PXED" image add debian-12 "${SRV[@]}" > "$W/import.log" 2>&1 || { cat "$W/import.log"; exit 1; }
+if [ -n "$INSTALLER" ]; then
+  # The mirror, as the installer and pxed reach it: HTTP inside the namespace.
+  ip netns exec "$NS" python3 -m http.server 8080 --bind "$SERVER" --directory "$CACHE/di-mirror" \
+    > "$W/mirror-http.log" 2>&1 &
+  MIRROR_PID=$!
+  for _ in $(seq 1 50); do ip netns exec "$NS" curl -sf -o /dev/null "${MIRROR}debian/dists/bookworm/Release" && break; sleep 0.2; done
+  export PXED_LIFECYCLE__MAX_ATTEMPTS=0
+fi
+say "importing image $IMAGE from $MIRROR"
+ip netns exec "$NS" "$PXED" image add "$IMAGE" ${INSTALLER:+--arch x86_64} "${SRV[@]}" > "$W/import.log" 2>&1 \
+  || { cat "$W/import.log"; exit 1; }
 if [ "$FAULT" = notfound ]; then rm -f "$W/data/images/debian-12/x86_64/disk.raw.zst"; fi
 ip netns exec "$NS" env PXED_LOG=info "$PXED" serve "${SRV[@]}" --interface br0 --dhcp full \
   --pool 10.98.0.100-10.98.0.199 --netmask 255.255.255.0 --router "$SERVER" --server-ip "$SERVER" \
@@ -214,6 +239,7 @@ redfish() { # METHOD PATH [JSON]: the lab's BMC, as an operator or a fault would
 }
 # What the current fault expects of this generation: ok (available), fail-install, fail-netboot.
 expect() {
+  [ -n "$INSTALLER" ] && { echo installer; return; }
   case "$FAULT" in
     checksum|notfound) echo fail-install ;;
     nooverride) [ "$1" = 1 ] && echo ok || echo fail-netboot ;;
@@ -228,8 +254,8 @@ for gen in $(seq 1 "$REINSTALLS"); do
   for i in $(seq 1 "$VMS"); do
     id=${IDS[$((i-1))]}
     key="lab-reclaim-$id-$gen"
-    out=$(api POST "/nodes/$id/reinstall" '{"image":"debian-12"}' "$key")
-    again=$(api POST "/nodes/$id/reinstall" '{"image":"debian-12"}' "$key")
+    out=$(api POST "/nodes/$id/reinstall" "{\"image\":\"$IMAGE\"}" "$key")
+    again=$(api POST "/nodes/$id/reinstall" "{\"image\":\"$IMAGE\"}" "$key")
     [ "$out" = "$again" ] || { say "idempotent replay differs: $out vs $again"; FAILED=$((FAILED+1)); }
     say "node $id (vm$i): reinstall generation $(echo "$out" | field generation) requested"
   done

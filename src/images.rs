@@ -445,6 +445,10 @@ pub fn kernel_cmdline(
             // netcfg runs before the preseed file is fetched: the hostname must be here.
             args.push(format!("hostname={hostname}"));
             args.push("domain=".into());
+            // With no name server from DHCP (an isolated VLAN), netcfg asks for one at
+            // critical priority before it fetches the preseed: answer "none" here. A
+            // DHCP server that hands out name servers skips the question anyway.
+            args.push("netcfg/get_nameservers=".into());
         }
     }
     args.push("console=tty0".into());
