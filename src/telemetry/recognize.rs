@@ -132,6 +132,15 @@ pub fn recognize(family: Family, line: &str) -> Option<Signal> {
     }
 }
 
+/// Whether `line` is protocol chatter not worth one of the node's stored lines:
+/// cdebconf's `DEBCONF_DEBUG=developer` trace (`--> GET ...`, `<-- 0 ...`) that pxed
+/// turns on only to see which dialog an install stops at. It is still recognised.
+pub fn is_noise(family: Family, line: &str) -> bool {
+    let (_, msg) = split(line.trim());
+    family == Family::DebianInstaller
+        && (msg.starts_with("-->") || msg.starts_with("<--") || msg.starts_with("----> "))
+}
+
 /// debian-installer error dialogs (critical debconf templates) that stop an automatic
 /// install, with their titles as the installer shows them.
 const DI_DIALOGS: &[(&str, &str)] = &[
@@ -520,6 +529,17 @@ mod tests {
         for (line, want) in rows {
             assert_eq!(recognize(DebianInstaller, line), *want, "{line}");
         }
+    }
+
+    #[test]
+    fn debconf_trace_is_noise_other_lines_are_not() {
+        assert!(is_noise(
+            DebianInstaller,
+            "debconf: --> GET netcfg/get_hostname"
+        ));
+        assert!(is_noise(DebianInstaller, "frontend: <-- 0 node-1"));
+        assert!(!is_noise(DebianInstaller, "anna[1]: DEBUG: retrieving x 1"));
+        assert!(!is_noise(Anaconda, "anaconda[1]: --> not d-i"));
     }
 
     #[test]
