@@ -19,6 +19,7 @@ use crate::script;
 use crate::state::AppState;
 
 pub mod agent;
+pub mod log;
 pub mod api;
 pub mod error;
 pub mod status;

@@ -149,6 +149,7 @@ async fn status_json(State(st): State<Arc<AppState>>) -> Result<Json<Status>, Ap
 struct NodePage<'a> {
     n: &'a NodeView,
     events: &'a [EventRow],
+    log: &'a [crate::wire::InstallLogLine],
 }
 
 async fn node_page(
@@ -161,10 +162,12 @@ async fn node_page(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("node {id}")))?;
     let events = st.store.events(id).await?;
+    let log = st.store.install_log(id, row.generation, 50).await?;
     let n = view(&st, row).await?;
     render(NodePage {
         n: &n,
         events: &events,
+        log: &log,
     })
 }
 

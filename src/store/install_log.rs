@@ -1,8 +1,6 @@
 //! Installer telemetry: who sent a line (a node being installed, found by address), the
 //! last lines per node generation (bounded), and the milestones on the timeline.
 
-use serde::{Deserialize, Serialize};
-
 use super::nodes::{Audit, append_event, now};
 use super::{Store, StoreError};
 use crate::model::{AgentToken, BootToken, State};
@@ -32,12 +30,7 @@ pub struct LogWrite {
 }
 
 /// One stored line, as the API returns it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
-pub struct LogLine {
-    pub at: String,
-    pub source: String,
-    pub line: String,
-}
+pub type LogLine = crate::wire::InstallLogLine;
 
 /// Generations of a node whose lines are kept (the current one and the one before:
 /// a repeated failure can be compared by eye).
