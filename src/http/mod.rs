@@ -19,9 +19,9 @@ use crate::script;
 use crate::state::AppState;
 
 pub mod agent;
-pub mod log;
 pub mod api;
 pub mod error;
+pub mod log;
 pub mod status;
 
 /// Request bodies larger than this are refused with 413 (callbacks and API are small).

@@ -42,7 +42,7 @@ pub fn parse(raw: &[u8], max: usize) -> Result<String, Malformed> {
         (Some(h), None, syslog_loose::Protocol::RFC3164) => Some(h),
         (_, a, _) => a,
     };
-    let msg = m.msg.trim();
+    let msg = restore_dashes(text, m.msg, &m.protocol).trim();
     let line = match (app, &m.procid) {
         (Some(app), Some(pid)) => format!("{app}[{pid}]: {msg}"),
         (Some(app), None) => format!("{app}: {msg}"),
@@ -53,6 +53,27 @@ pub fn parse(raw: &[u8], max: usize) -> Result<String, Malformed> {
         return Err(Malformed::Empty);
     }
     Ok(line)
+}
+
+/// The RFC 3164 parser takes a message's leading `-` for an empty structured-data
+/// field: cdebconf's `--> INPUT critical ...` would arrive as `-> INPUT ...`. The
+/// message is a slice of `text`; give it back the dashes between the tag's `:` and it.
+fn restore_dashes<'a>(text: &'a str, msg: &'a str, protocol: &syslog_loose::Protocol) -> &'a str {
+    if *protocol != syslog_loose::Protocol::RFC3164 {
+        return msg;
+    }
+    let Some(off) = (msg.as_ptr() as usize)
+        .checked_sub(text.as_ptr() as usize)
+        .filter(|o| *o <= text.len() && text.is_char_boundary(*o))
+    else {
+        return msg;
+    };
+    let head = &text[..off];
+    let before = head.trim_end_matches([' ', '-']);
+    if before.len() < head.len() && before.ends_with(':') && head[before.len()..].contains('-') {
+        return text[before.len()..].trim_start_matches(' ');
+    }
+    msg
 }
 
 /// Splits a TCP byte stream into frames. Bounded: a frame longer than `max` is an error
@@ -160,6 +181,19 @@ mod tests {
             (
                 "<14>1 2026-12-01T03:00:03.123456+00:00 node-1 anaconda 1712 - [timeQuality tzKnown=\"1\"] Parsing kickstart: /run/install/ks.cfg",
                 "anaconda[1712]: Parsing kickstart: /run/install/ks.cfg",
+            ),
+            // cdebconf's protocol trace keeps its arrows.
+            (
+                "<13>Dec  1 03:00:04 debconf: --> INPUT critical anna/install_failed",
+                "debconf: --> INPUT critical anna/install_failed",
+            ),
+            (
+                "<13>Dec  1 03:00:04 node-1 debconf: <-- 0 question will be asked",
+                "debconf: <-- 0 question will be asked",
+            ),
+            (
+                "<13>Dec  1 03:00:04 node-1 app[1]: - a dash",
+                "app[1]: - a dash",
             ),
             (
                 "<14>1 2026-12-01T03:00:03Z node-1 kernel - - - Linux version 6.1.0",
