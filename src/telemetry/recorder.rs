@@ -2,6 +2,7 @@
 //! (bounded per generation), puts recognised milestones on the node's timeline and ends
 //! an install at its first fatal error through the lifecycle.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -134,18 +135,19 @@ async fn flush(st: &AppState, batch: Vec<Received>, settings: Settings) {
     let mut found: BTreeMap<(i64, i64), Found> = BTreeMap::new();
     for r in batch {
         let target = match (r.node, r.peer) {
-            (Some((id, _)), _) => {
-                if !by_node.contains_key(&id) {
+            (Some((id, _)), _) => match by_node.entry(id) {
+                Entry::Occupied(e) => e.get().clone(),
+                Entry::Vacant(e) => {
                     let t = st.store.log_target(id).await.unwrap_or_else(|e| {
                         tracing::warn!(node = id, error = %e, "looking up a node for its installer log");
                         None
                     });
-                    by_node.insert(id, t);
+                    e.insert(t).clone()
                 }
-                by_node[&id].clone()
-            }
-            (None, Some(ip)) => {
-                if !by_ip.contains_key(&ip) {
+            },
+            (None, Some(ip)) => match by_ip.entry(ip) {
+                Entry::Occupied(e) => e.get().clone(),
+                Entry::Vacant(e) => {
                     let t = st
                         .store
                         .log_target_by_ip(&ip.to_string(), now)
@@ -154,10 +156,9 @@ async fn flush(st: &AppState, batch: Vec<Received>, settings: Settings) {
                             tracing::warn!(%ip, error = %e, "looking up the sender of a syslog line");
                             None
                         });
-                    by_ip.insert(ip, t);
+                    e.insert(t).clone()
                 }
-                by_ip[&ip].clone()
-            }
+            },
             (None, None) => None,
         };
         // A webhook event for a generation the node has left is as good as anonymous.
