@@ -134,11 +134,14 @@ pub fn recognize(family: Family, line: &str) -> Option<Signal> {
 
 /// Whether `line` is protocol chatter not worth one of the node's stored lines:
 /// cdebconf's `DEBCONF_DEBUG=developer` trace (`--> GET ...`, `<-- 0 ...`) that pxed
-/// turns on only to see which dialog an install stops at. It is still recognised.
+/// turns on only to see which dialog an install stops at. What the trace says was set
+/// (`--> SET netcfg/get_hostname node-1`, the preseed being applied) and asked
+/// (`--> INPUT critical ...`) is kept. Every line is still recognised.
 pub fn is_noise(family: Family, line: &str) -> bool {
     let (_, msg) = split(line.trim());
-    family == Family::DebianInstaller
-        && (msg.starts_with("-->") || msg.starts_with("<--") || msg.starts_with("----> "))
+    let trace = msg.starts_with("-->") || msg.starts_with("<--") || msg.starts_with("---->");
+    let kept = msg.starts_with("--> SET ") || msg.starts_with("--> INPUT ");
+    family == Family::DebianInstaller && trace && !kept
 }
 
 /// debian-installer error dialogs (critical debconf templates) that stop an automatic
@@ -539,6 +542,8 @@ mod tests {
         ));
         assert!(is_noise(DebianInstaller, "frontend: <-- 0 node-1"));
         assert!(!is_noise(DebianInstaller, "anna[1]: DEBUG: retrieving x 1"));
+        assert!(!is_noise(DebianInstaller, "debconf: --> SET netcfg/get_hostname node-1"));
+        assert!(!is_noise(DebianInstaller, "debconf: --> INPUT critical anna/install_failed"));
         assert!(!is_noise(Anaconda, "anaconda[1]: --> not d-i"));
     }
 

@@ -179,11 +179,16 @@ async fn flush(st: &AppState, batch: Vec<Received>, settings: Settings) {
         let f = found
             .entry((target.node_id, target.generation))
             .or_default();
-        let family = target
-            .family
-            .as_deref()
-            .and_then(image_family)
-            .and_then(Family::of);
+        // Reporting events are curtin's (subiquity reports through curtin's reporter)
+        // whatever the image says; syslog lines are the image's installer's.
+        let family = match r.source {
+            Source::Webhook => Some(Family::Curtin),
+            Source::Syslog => target
+                .family
+                .as_deref()
+                .and_then(image_family)
+                .and_then(Family::of),
+        };
         // Anything at all from the installer: its kernel is up and it reaches pxed.
         f.milestones.insert(Milestone::KernelBooted);
         let noise = family.is_some_and(|fam| recognize::is_noise(fam, &line));

@@ -1233,6 +1233,113 @@ async fn an_agent_failure_fails_the_node_at_once() {
     assert_eq!(s, 403, "the token was revoked with the failure");
 }
 
+/// The autoinstall `reporting` webhook: curtin/subiquity events posted to
+/// `/cb/{token}/events` (JSON, whatever the content type) are stored, milestones go on
+/// the timeline, a `WARN` is not fatal and a `FAIL` ends the install with the event's
+/// text. Only the boot token from the installer's address is accepted.
+#[tokio::test]
+async fn reporting_events_are_stored_and_a_fail_ends_the_install() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let rx = h.st.telemetry.take_receiver().unwrap();
+    let settings = pxed::telemetry::recorder::Settings {
+        flush_every: Duration::from_millis(20),
+        ..Default::default()
+    };
+    tokio::spawn(pxed::telemetry::recorder::run(
+        h.st.clone(),
+        rx,
+        settings,
+        h.cancel.clone(),
+    ));
+    let (id, token) = h.installing("52:54:00:aa:bb:33").await;
+    let post = async |token: &str, body: &str| {
+        h.http
+            .post(format!("{}/cb/{token}/events", h.base))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let event = |kind: &str, name: &str, result: Option<&str>, desc: &str| {
+        let mut e = json!({"name": name, "description": desc, "event_type": kind,
+                           "origin": "curtin", "timestamp": 1_701_400_000.5, "level": "INFO"});
+        if let Some(r) = result {
+            e["result"] = json!(r);
+        }
+        e.to_string()
+    };
+    let start = event(
+        "start",
+        "subiquity/Install/install/partitioning",
+        None,
+        "configuring storage",
+    );
+    assert_eq!(post(&token, &start).await, 204);
+    let warn = event(
+        "finish",
+        "cmd-install/stage-curthooks",
+        Some("WARN"),
+        "an apt source is missing",
+    );
+    assert_eq!(post(&token, &warn).await, 204);
+    assert_eq!(post(&token, "not json").await, 400);
+    assert_eq!(post("not-a-token", &start).await, 403);
+    let log = async || {
+        let (_, v) = h
+            .api(
+                reqwest::Method::GET,
+                &format!("/nodes/{id}/log"),
+                None,
+                None,
+            )
+            .await;
+        let lines: Vec<String> = v["lines"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|l| {
+                format!(
+                    "{} {}",
+                    l["source"].as_str().unwrap(),
+                    l["line"].as_str().unwrap()
+                )
+            })
+            .collect();
+        (lines.len() == 2).then_some(lines)
+    };
+    let lines = poll(Duration::from_secs(10), log)
+        .await
+        .expect("two stored events");
+    assert_eq!(
+        lines,
+        [
+            "webhook curtin: start subiquity/Install/install/partitioning: configuring storage",
+            "webhook curtin: finish cmd-install/stage-curthooks: WARN: an apt source is missing",
+        ]
+    );
+    assert_eq!(audit(&h, id, "installer_partitioning").await.len(), 1);
+    assert_eq!(h.node(id).await["state"], "installing", "WARN is not fatal");
+    let fail = event(
+        "finish",
+        "subiquity/Install/install/curthooks",
+        Some("FAIL"),
+        "configuring installed system",
+    );
+    assert_eq!(post(&token, &fail).await, 204);
+    h.wait_state(id, "failed").await;
+    h.assert_failed(
+        id,
+        "installing",
+        "installing: curtin: finish subiquity/Install/install/curthooks: FAIL: configuring installed system",
+    )
+    .await;
+    // The token went with the failure.
+    assert_eq!(post(&token, &start).await, 403);
+}
+
 /// A tmpfs mounted for one test, unmounted (lazily) when dropped.
 struct Tmpfs(PathBuf);
 
