@@ -48,7 +48,8 @@ pub fn parse(raw: &[u8], max: usize) -> Result<String, Malformed> {
         (Some(app), None) => format!("{app}: {msg}"),
         (None, _) => msg.to_string(),
     };
-    let line = super::one_line(&line, super::MAX_LINE);
+    // Not cut to the stored length here: the recorder redacts secrets first, then cuts.
+    let line = super::one_line(&line, max);
     if line.is_empty() {
         return Err(Malformed::Empty);
     }
