@@ -542,8 +542,14 @@ mod tests {
         ));
         assert!(is_noise(DebianInstaller, "frontend: <-- 0 node-1"));
         assert!(!is_noise(DebianInstaller, "anna[1]: DEBUG: retrieving x 1"));
-        assert!(!is_noise(DebianInstaller, "debconf: --> SET netcfg/get_hostname node-1"));
-        assert!(!is_noise(DebianInstaller, "debconf: --> INPUT critical anna/install_failed"));
+        assert!(!is_noise(
+            DebianInstaller,
+            "debconf: --> SET netcfg/get_hostname node-1"
+        ));
+        assert!(!is_noise(
+            DebianInstaller,
+            "debconf: --> INPUT critical anna/install_failed"
+        ));
         assert!(!is_noise(Anaconda, "anaconda[1]: --> not d-i"));
     }
 

@@ -421,4 +421,8 @@ async fn malformed_and_unattributed_input_is_counted_and_the_receiver_lives_on()
         .await
         .unwrap();
     assert!(health.starts_with("ok"), "{health}");
+    assert!(
+        health.contains(&format!("syslog: listening on 127.0.0.1:{port}\n")),
+        "{health}"
+    );
 }
