@@ -255,6 +255,49 @@ fn debian_installer(line: &str) -> Option<Signal> {
     None
 }
 
+/// debian-installer's cdebconf trace across lines (pxed sets `DEBCONF_DEBUG=developer`):
+/// the question an `--> INPUT <priority> <template>` names, then cdebconf's answer
+/// `<-- 0 question will be asked` (or `<-- 30 question skipped`). In a pxed install
+/// (`auto=true priority=critical`, everything else preseeded) a question that will be
+/// asked is a dialog nobody will answer: the install waits there until the deadline.
+/// One per node generation; the recorder feeds it that installer's lines in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DialogWatch {
+    /// The last `INPUT` without its answer yet: (priority, template).
+    pending: Option<(String, String)>,
+}
+
+impl DialogWatch {
+    /// The dialog the install now waits at, if `line` says so.
+    pub fn feed(&mut self, line: &str) -> Option<Signal> {
+        let (_, msg) = split(line.trim());
+        if let Some(rest) = msg.strip_prefix("--> INPUT ") {
+            let mut words = rest.split_whitespace();
+            self.pending = match (words.next(), words.next()) {
+                (Some(p), Some(t)) => Some((p.to_string(), t.to_string())),
+                _ => None,
+            };
+            return None;
+        }
+        let reply = msg.strip_prefix("<-- ")?;
+        let (priority, template) = self.pending.take()?;
+        let asked = reply
+            .get(.."0 question will be asked".len())
+            .is_some_and(|r| r.eq_ignore_ascii_case("0 question will be asked"));
+        if !asked {
+            return None;
+        }
+        Some(Signal::Fatal(
+            match DI_DIALOGS.iter().find(|(t, _)| *t == template) {
+                Some((t, title)) => format!("{title} ({t})"),
+                None => format!(
+                    "the installer waits for an answer to {template} (priority {priority}): a dialog nobody will answer"
+                ),
+            },
+        ))
+    }
+}
+
 /// `pkg` of main-menu's `Menu item 'pkg' selected` (logged at INFO or DEBUG).
 fn menu_item_selected(msg: &str) -> Option<&str> {
     let (_, rest) = msg.split_once("Menu item '")?;
@@ -531,6 +574,59 @@ mod tests {
         ];
         for (line, want) in rows {
             assert_eq!(recognize(DebianInstaller, line), *want, "{line}");
+        }
+    }
+
+    /// A question that will be asked stops an unattended install; one skipped does not.
+    #[test]
+    fn dialog_watch_sees_questions_that_will_be_asked() {
+        let rows: &[(&[&str], Option<&str>)] = &[
+            (
+                &[
+                    "debconf: --> INPUT critical partman/choose_partition",
+                    "debconf: <-- 0 question will be asked",
+                ],
+                Some(
+                    "the installer waits for an answer to partman/choose_partition (priority critical): a dialog nobody will answer",
+                ),
+            ),
+            (
+                &[
+                    "debconf: --> INPUT critical anna/install_failed",
+                    "debconf: <-- 0 question will be asked",
+                ],
+                Some("Failed to load installer component (anna/install_failed)"),
+            ),
+            (
+                &[
+                    "debconf: --> INPUT medium debian-installer/main-menu",
+                    "debconf: <-- 30 question skipped",
+                ],
+                None,
+            ),
+            // An answer to another command, or no INPUT before it.
+            (&["debconf: <-- 0 question will be asked"], None),
+            (
+                &[
+                    "debconf: --> INPUT high netcfg/get_domain",
+                    "debconf: <-- 30 question skipped",
+                    "debconf: <-- 0 question will be asked",
+                ],
+                None,
+            ),
+            (
+                &[
+                    "debconf: --> INPUT",
+                    "debconf: <-- 0 question will be asked",
+                ],
+                None,
+            ),
+        ];
+        for (lines, want) in rows {
+            let mut w = DialogWatch::default();
+            let got: Vec<Signal> = lines.iter().filter_map(|l| w.feed(l)).collect();
+            let want: Vec<Signal> = want.iter().map(|s| Signal::Fatal(s.to_string())).collect();
+            assert_eq!(got, want, "{lines:?}");
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::recognize::{self, Family, Milestone, Signal};
+use super::recognize::{self, DialogWatch, Family, Milestone, Signal};
 use super::{MAX_LINE, MAX_REASON, Received, Source, one_line, redact};
 use crate::lifecycle::transition::Event;
 use crate::state::AppState;
@@ -49,6 +49,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut batch: Vec<Received> = Vec::new();
+    let mut watches = Watches::default();
     let mut tick = tokio::time::interval(settings.flush_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -59,7 +60,7 @@ pub async fn run(
             // CANCEL-SAFETY: tick is cancel-safe.
             _ = tick.tick() => {
                 if !batch.is_empty() {
-                    flush(&st, std::mem::take(&mut batch), settings).await;
+                    flush(&st, std::mem::take(&mut batch), settings, &mut watches).await;
                 }
             }
             // CANCEL-SAFETY: recv is cancel-safe.
@@ -67,7 +68,7 @@ pub async fn run(
                 Some(r) => {
                     batch.push(r);
                     if batch.len() >= settings.max_batch {
-                        flush(&st, std::mem::take(&mut batch), settings).await;
+                        flush(&st, std::mem::take(&mut batch), settings, &mut watches).await;
                     }
                 }
                 None => break,
@@ -77,7 +78,24 @@ pub async fn run(
     while let Ok(r) = rx.try_recv() {
         batch.push(r);
     }
-    flush(&st, batch, settings).await;
+    flush(&st, batch, settings, &mut watches).await;
+}
+
+/// debian-installer dialog watches by node generation, kept across batches.
+#[derive(Default)]
+struct Watches(HashMap<(i64, i64), DialogWatch>);
+
+/// Most generations watched at once (the map is cleared when full: a watch only
+/// spans an `INPUT` and its answer).
+const MAX_WATCHES: usize = 4096;
+
+impl Watches {
+    fn get(&mut self, key: (i64, i64)) -> &mut DialogWatch {
+        if self.0.len() >= MAX_WATCHES && !self.0.contains_key(&key) {
+            self.0.clear();
+        }
+        self.0.entry(key).or_default()
+    }
 }
 
 /// The text of a failure compared across generations: no `[pid]`s, no prefixes.
@@ -124,7 +142,7 @@ struct Found {
     lines: Vec<LogWrite>,
 }
 
-async fn flush(st: &AppState, batch: Vec<Received>, settings: Settings) {
+async fn flush(st: &AppState, batch: Vec<Received>, settings: Settings, watches: &mut Watches) {
     if batch.is_empty() {
         return;
     }
@@ -193,7 +211,11 @@ async fn flush(st: &AppState, batch: Vec<Received>, settings: Settings) {
         f.milestones.insert(Milestone::KernelBooted);
         let noise = family.is_some_and(|fam| recognize::is_noise(fam, &line));
         if let Some(family) = family {
-            match recognize::recognize(family, &line) {
+            let key = (target.node_id, target.generation);
+            let stall = (family == Family::DebianInstaller)
+                .then(|| watches.get(key).feed(&line))
+                .flatten();
+            match recognize::recognize(family, &line).or(stall) {
                 Some(Signal::Milestone(m)) => {
                     f.milestones.insert(m);
                 }

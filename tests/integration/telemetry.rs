@@ -358,6 +358,35 @@ async fn installer_syslog_is_stored_shown_and_fails_the_install() {
         lines,
         ["main-menu[301]: WARNING **: Menu item 'download-installer' failed."]
     );
+
+    // A question cdebconf says it will ask, in an unattended install: a dialog nobody
+    // will answer (named from cdebconf's trace), not a wait for the deadline.
+    api.install(&d, id).await;
+    logger(
+        port,
+        "--udp",
+        &["--rfc3164"],
+        "debconf",
+        "--> INPUT critical partman/choose_partition",
+    );
+    logger(
+        port,
+        "--udp",
+        &["--rfc3164"],
+        "debconf",
+        "<-- 0 question will be asked",
+    );
+    let n = api.wait_state(&d, id, "failed").await;
+    assert_eq!(
+        n["failed_reason"],
+        "installing: the installer waits for an answer to partman/choose_partition (priority critical): a dialog nobody will answer",
+        "{n:#}"
+    );
+    assert_eq!(
+        api.log_lines(&d, id).await,
+        ["debconf: --> INPUT critical partman/choose_partition"],
+        "the INPUT is kept, cdebconf's answer is trace"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
