@@ -210,3 +210,158 @@ impl Store {
 pub fn received_at() -> String {
     now()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Mac, NodeArch};
+    use crate::store::nodes::NewNode;
+
+    async fn installing_node(store: &Store, mac: u8) -> i64 {
+        let n = NewNode {
+            name: None,
+            arch: NodeArch::UNKNOWN,
+            state: State::Available,
+            macs: vec![Mac([0x52, 0x54, 0, 0, 0, mac])],
+            boot_mac: None,
+            bmc: None,
+        };
+        let id = store.create_node(&n, "test").await.unwrap();
+        sqlx::query(
+            "UPDATE nodes SET state = 'installing', generation = 1, boot_token = ?, boot_ip = ? WHERE id = ?",
+        )
+        .bind(format!("boot-token-{mac}"))
+        .bind(format!("10.0.0.{mac}"))
+        .bind(id)
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        id
+    }
+
+    /// A line's sender is the node whose installer was served to that address, or whose
+    /// MAC holds a live lease on it; never a node at rest.
+    #[tokio::test]
+    async fn senders_are_found_by_boot_address_or_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let a = installing_node(&store, 5).await;
+        let t = store
+            .log_target_by_ip("10.0.0.5", 100)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (t.node_id, t.generation, t.state),
+            (a, 1, State::Installing)
+        );
+        assert_eq!(
+            t.boot_token.as_ref().map(|t| t.as_str()),
+            Some("boot-token-5")
+        );
+        assert!(
+            store
+                .log_target_by_ip("10.0.0.6", 100)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // The installer's own DHCP got another address from pxed: found by the lease
+        // while it lasts.
+        sqlx::query(
+            "INSERT INTO leases (ip, mac, state, expires_at) SELECT '10.0.0.6', mac, 'bound', 200 FROM interfaces WHERE node_id = ?",
+        )
+        .bind(a)
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        let t = store.log_target_by_ip("10.0.0.6", 100).await.unwrap();
+        assert_eq!(t.map(|t| t.node_id), Some(a));
+        assert!(
+            store
+                .log_target_by_ip("10.0.0.6", 300)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // At rest (no boot token): nobody's installer.
+        sqlx::query("UPDATE nodes SET boot_token = NULL, state = 'available' WHERE id = ?")
+            .bind(a)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        assert!(
+            store
+                .log_target_by_ip("10.0.0.5", 100)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    /// The newest `keep` lines of a generation stay, and the last two generations.
+    #[tokio::test]
+    async fn storage_is_bounded_per_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let id = installing_node(&store, 7).await;
+        let w = |generation: i64, i: usize| LogWrite {
+            node_id: id,
+            generation,
+            at: received_at(),
+            source: "syslog",
+            line: format!("line {i}"),
+        };
+        for chunk in (0..30).collect::<Vec<_>>().chunks(7) {
+            let batch: Vec<LogWrite> = chunk.iter().map(|i| w(1, *i)).collect();
+            store.append_install_log(&batch, 20).await.unwrap();
+        }
+        let lines = store.install_log(id, 1, 1000).await.unwrap();
+        assert_eq!(lines.len(), 20);
+        assert_eq!(lines.first().unwrap().line, "line 10");
+        assert_eq!(lines.last().unwrap().line, "line 29");
+        assert_eq!(store.install_log(id, 1, 3).await.unwrap().len(), 3);
+        store.append_install_log(&[w(2, 0)], 20).await.unwrap();
+        assert_eq!(store.install_log(id, 1, 1000).await.unwrap().len(), 20);
+        store.append_install_log(&[w(3, 0)], 20).await.unwrap();
+        assert!(store.install_log(id, 1, 1000).await.unwrap().is_empty());
+        assert_eq!(store.install_log(id, 2, 1000).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn milestones_once_and_the_previous_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let id = installing_node(&store, 9).await;
+        let note = |g| {
+            store.note_once(
+                id,
+                g,
+                State::Installing,
+                "installer_config_loaded",
+                "installer",
+                "config_loaded",
+            )
+        };
+        assert!(note(1).await.unwrap());
+        assert!(!note(1).await.unwrap());
+        assert!(note(2).await.unwrap());
+        assert_eq!(store.previous_install_failure(id, 2).await.unwrap(), None);
+        store
+            .note(
+                id,
+                1,
+                State::Installing,
+                "install_failed",
+                "installer",
+                "installing: boom",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.previous_install_failure(id, 2).await.unwrap(),
+            Some((1, "installing: boom".to_string()))
+        );
+        assert_eq!(store.previous_install_failure(id, 1).await.unwrap(), None);
+    }
+}
