@@ -75,8 +75,12 @@ pub async fn serve(
                     telemetry.stats.udp_messages.inc();
                     take(&telemetry, peer.ip(), &buf[..n], &limits, "udp");
                 }
-                // ICMP port unreachable from an earlier send, a signal: keep receiving.
-                Err(e) => tracing::debug!(error = %e, "syslog UDP receive"),
+                // ICMP errors, a signal: keep receiving (after a breath, so a socket
+                // that keeps failing does not spin a core).
+                Err(e) => {
+                    tracing::debug!(error = %e, "syslog UDP receive");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             },
             // CANCEL-SAFETY: accept is cancel-safe.
             r = tcp.accept() => match r {
