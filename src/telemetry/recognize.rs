@@ -418,10 +418,12 @@ fn curtin(line: &str) -> Option<Signal> {
                 return None;
             }
             // The whole install finished (subiquity's own step, or curtin's command).
+            // (MAAS and other curtin consumers key on the same names.)
             let done = matches!(
                 name,
                 "subiquity/Install/install" | "cmd-install" | "subiquity/Install"
-            );
+            ) || name.ends_with("/cmd-install")
+                || name.ends_with("/command-install");
             done.then_some(Signal::Milestone(Milestone::Finished))
         }
         "start" => {
@@ -774,6 +776,14 @@ mod tests {
             (
                 "curtin: finish subiquity/Install/install: SUCCESS: final system configuration",
                 Some(Signal::Milestone(Finished)),
+            ),
+            (
+                "curtin: finish curtin/command-install: SUCCESS: curtin command install",
+                Some(Signal::Milestone(Finished)),
+            ),
+            (
+                "curtin: finish cmd-install/stage-curthooks: SUCCESS: configuring target system",
+                None,
             ),
             (
                 "curtin: log subiquity/Install/install: FAIL is only a word here",
