@@ -322,20 +322,16 @@ fn python_exception(text: &str) -> bool {
 
 fn anaconda(line: &str) -> Option<Signal> {
     let (prog, msg) = split(line);
-    // Anaconda's own log format inside the message: `LEVEL logger: text` or
-    // `LEVEL logger:text`; keep the text.
+    // Anaconda's handlers write `logger: text` to syslog (AnacondaSyslogHandler's tag),
+    // its files `LEVEL logger: text`, some paths `LEVEL:logger:text`; keep the text.
     let mut text = msg.trim();
     for level in [
-        "CRITICAL ",
-        "CRIT ",
-        "ERROR ",
-        "ERR ",
-        "WARNING ",
-        "WARN ",
-        "INFO ",
-        "DEBUG ",
+        "CRITICAL", "CRIT", "ERROR", "ERR", "WARNING", "WARN", "INFO", "DEBUG",
     ] {
-        if let Some(t) = text.strip_prefix(level) {
+        if let Some(t) = text
+            .strip_prefix(level)
+            .and_then(|t| t.strip_prefix([' ', ':']))
+        {
             text = t.trim_start();
             break;
         }
@@ -664,6 +660,10 @@ mod tests {
             ),
             (
                 "anaconda[1712]: Parsing kickstart: /run/install/ks.cfg",
+                Some(Signal::Milestone(ConfigLoaded)),
+            ),
+            (
+                "anaconda: INFO:anaconda.core.kickstart:Parsing kickstart: /run/install/ks.cfg",
                 Some(Signal::Milestone(ConfigLoaded)),
             ),
             (
