@@ -400,8 +400,18 @@ fn curtin(line: &str) -> Option<Signal> {
         let ev: super::CurtinEvent = serde_json::from_str(line).ok()?;
         return curtin(&super::event_line(&ev));
     }
-    let (_, msg) = split(line);
-    let (kind, rest) = msg.split_once(' ')?;
+    let (prog, msg) = split(line);
+    // pxed's event lines (`curtin: finish <name>: ...`) or curtin's own log format
+    // (`finish: <name>: SUCCESS: ...`, also under a syslog tag such as subiquity's).
+    let (kind, rest) = if matches!(prog, "start" | "finish") {
+        (prog, msg)
+    } else if let Some(r) = msg.strip_prefix("start: ") {
+        ("start", r)
+    } else if let Some(r) = msg.strip_prefix("finish: ") {
+        ("finish", r)
+    } else {
+        msg.split_once(' ')?
+    };
     let (name, rest) = rest.split_once(": ").unwrap_or((rest, ""));
     let name = name.trim();
     match kind {
@@ -776,6 +786,21 @@ mod tests {
             (
                 "curtin: finish subiquity/Install/install: SUCCESS: final system configuration",
                 Some(Signal::Milestone(Finished)),
+            ),
+            // curtin's own log format, bare or under a syslog tag.
+            (
+                "finish: cmd-install/stage-partitioning/builtin/cmd-block-meta: FAIL: configuring disk: disk-vda",
+                fatal(
+                    "finish: cmd-install/stage-partitioning/builtin/cmd-block-meta: FAIL: configuring disk: disk-vda",
+                ),
+            ),
+            (
+                "subiquity_event.1984[1984]: start: cmd-install/stage-extract/builtin/cmd-extract: writing install sources to disk",
+                Some(Signal::Milestone(Packages)),
+            ),
+            (
+                "subiquity_event.1984[1984]: finish: cmd-install/stage-curthooks: WARN: no network config",
+                None,
             ),
             (
                 "curtin: finish curtin/command-install: SUCCESS: curtin command install",
