@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::recognize::{self, DialogWatch, Family, Milestone, Signal};
 use super::{MAX_LINE, MAX_REASON, Received, Source, one_line, redact};
+use crate::lifecycle::apply::ApplyError;
 use crate::lifecycle::transition::Event;
 use crate::state::AppState;
 use crate::store::install_log::{LogTarget, LogWrite, received_at};
@@ -311,7 +312,16 @@ async fn fail(st: &AppState, t: &LogTarget, text: &str) {
         stage: STAGE.into(),
         reason: reason.clone(),
     };
-    match st.lifecycle.apply(t.node_id, &event, "installer").await {
+    // Another writer may change the node between the read and the write (a script
+    // fetch, a deadline): the transition re-reads it, so try again a few times.
+    let mut result = st.lifecycle.apply(t.node_id, &event, "installer").await;
+    for _ in 0..3 {
+        if !matches!(result, Err(ApplyError::Conflict(_))) {
+            break;
+        }
+        result = st.lifecycle.apply(t.node_id, &event, "installer").await;
+    }
+    match result {
         Ok(applied) => {
             st.telemetry.stats.fatal.inc();
             tracing::warn!(
