@@ -1340,6 +1340,85 @@ async fn reporting_events_are_stored_and_a_fail_ends_the_install() {
     assert_eq!(post(&token, &start).await, 403);
 }
 
+/// Anaconda through the receiver, in-process: the served kernel command line carries
+/// `inst.syslog=` with the receiver's real port, lines sent with `logger` from the
+/// installer's address land on the timeline, and the fatal error dialog's text fails
+/// the node at `installing`.
+#[tokio::test(flavor = "multi_thread")]
+async fn anaconda_syslog_reaches_the_timeline_and_fails_the_install() {
+    crate::common::need("logger");
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = udp.local_addr().unwrap();
+    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    h.st.telemetry.set_listening(addr);
+    tokio::spawn(pxed::telemetry::server::serve(
+        udp,
+        tcp,
+        h.st.telemetry.clone(),
+        Default::default(),
+        h.cancel.clone(),
+    ));
+    let settings = pxed::telemetry::recorder::Settings {
+        flush_every: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let rx = h.st.telemetry.take_receiver().unwrap();
+    tokio::spawn(pxed::telemetry::recorder::run(
+        h.st.clone(),
+        rx,
+        settings,
+        h.cancel.clone(),
+    ));
+    let mac = "52:54:00:aa:bb:44";
+    let id = h.reinstalling(mac).await;
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert!(
+        script.contains(&format!("inst.syslog=127.0.0.1:{}", addr.port())),
+        "{script}"
+    );
+    let logger = |tag: &str, msg: &str| {
+        let (ok, out, err) = crate::common::run(
+            std::process::Command::new("logger")
+                .args([
+                    "--server",
+                    "127.0.0.1",
+                    "--port",
+                    &addr.port().to_string(),
+                    "--udp",
+                ])
+                .args(["--rfc3164", "-t", tag, "--", msg]),
+        );
+        assert!(ok, "{out}{err}");
+    };
+    logger(
+        "anaconda",
+        "anaconda.core.kickstart: Parsing kickstart: /run/install/ks.cfg",
+    );
+    logger("anaconda", "Installing libgpg-error-1.42-5.el9.x86_64");
+    let loaded =
+        async || (!audit(&h, id, "installer_config_loaded").await.is_empty()).then_some(());
+    poll(Duration::from_secs(10), loaded)
+        .await
+        .expect("config_loaded on the timeline");
+    assert_eq!(
+        h.node(id).await["state"],
+        "installing",
+        "a package named *error* is not fatal"
+    );
+    logger(
+        "anaconda",
+        "The following error occurred while installing.  This is a fatal error and installation will be aborted.",
+    );
+    h.wait_state(id, "failed").await;
+    h.assert_failed(
+        id,
+        "installing",
+        "installing: anaconda: The following error occurred while installing.  This is a fatal error and installation will be aborted.",
+    )
+    .await;
+}
+
 /// A tmpfs mounted for one test, unmounted (lazily) when dropped.
 struct Tmpfs(PathBuf);
 
