@@ -101,6 +101,10 @@ pub enum ImageCmd {
     Add {
         /// Catalog name (e.g. rocky-9) or path of a definition file.
         image: String,
+        /// Import only this architecture (x86_64 or arm64); by default every one the
+        /// entry lists must be on the mirror.
+        #[arg(long)]
+        arch: Option<crate::model::Arch>,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -268,6 +272,23 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Every node, page by page (`GET /api/v1/nodes?after=…`, the largest page).
+    async fn all_nodes(&self) -> Result<Vec<NodeView>, ClientError> {
+        let mut all: Vec<NodeView> = Vec::new();
+        loop {
+            let after = all.last().map_or(0, |n| n.id);
+            let path = format!("/nodes?limit={}&after={after}", crate::http::api::MAX_PAGE);
+            let page: Vec<NodeView> = self.call(reqwest::Method::GET, &path, None, &[]).await?;
+            let full = page.len() == crate::http::api::MAX_PAGE as usize;
+            all.extend(page);
+            if !full {
+                return Ok(all);
+            }
+        }
+    }
+}
+
 /// Prints rows as an aligned table.
 fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
@@ -332,7 +353,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
     match cmd {
         NodeCmd::List(a) => {
             let api = Api::new(&a)?;
-            let v: Vec<NodeView> = api.call(Method::GET, "/nodes", None, &[]).await?;
+            let v = api.all_nodes().await?;
             if a.json {
                 print_json(&v);
             } else {
@@ -506,8 +527,19 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
         .await
         .map_err(|e| ClientError::Other(e.to_string()))?;
     match cmd {
-        ImageCmd::Add { image, .. } => {
-            let def = find_image(&cfg.images_catalog, &image)?;
+        ImageCmd::Add { image, arch, .. } => {
+            let mut def = find_image(&cfg.images_catalog, &image)?;
+            if let Some(arch) = arch {
+                if !def.arches.contains_key(&arch) {
+                    let has: Vec<&str> = def.arches.keys().map(|a| a.as_str()).collect();
+                    return Err(ClientError::Other(format!(
+                        "image {} has no {arch} (it has {})",
+                        def.name,
+                        has.join(", ")
+                    )));
+                }
+                def.arches.retain(|a, _| *a == arch);
+            }
             let mirror = cfg.mirror_base.clone().ok_or_else(|| {
                 ClientError::Other("set mirror_base in the config (the local OS mirror)".into())
             })?;

@@ -49,8 +49,10 @@ impl Kind {
 pub struct Whereabouts {
     /// `nodes.boot_ip`: where the installer was served (`None`: not yet).
     pub boot_ip: Option<IpAddr>,
-    /// Addresses pxed's DHCP server has bound to the node's MACs now; empty in proxy
-    /// mode or when it leased none (then no lease check applies to a token).
+    /// Addresses pxed's DHCP server has bound to the node's MACs now; in proxy mode,
+    /// the address the node last asked the site's DHCP server for (its broadcast
+    /// DHCPREQUEST, within the hour). Empty when there is none (then no lease check
+    /// applies to a token).
     pub leased: Vec<IpAddr>,
     /// pxed is the DHCP server (full mode): a machine that netboots has a lease from
     /// it, so a script fetch from a node without one is not the node.

@@ -7,7 +7,8 @@
 //! is registration itself ([`DiscoverySettings`]): spoofed DISCOVERs beyond the cap of
 //! pending (unenrolled) nodes or the rate per minute are counted, not stored.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,18 @@ pub struct Discovery {
     pub refused_cap: Counter,
     /// Unknown clients not registered because of the per-minute rate.
     pub refused_rate: Counter,
+    /// The address each netboot MAC last asked for in a DHCPREQUEST, and when.
+    sightings: Mutex<HashMap<Mac, (Ipv4Addr, Instant)>>,
 }
+
+/// Most MACs whose requested address is remembered (a spoofed-MAC flood cannot grow
+/// memory without bound: past it, sightings older than [`SIGHTING_TTL`] are dropped,
+/// then all).
+const SIGHTINGS_CAP: usize = 65_536;
+
+/// How long a sighting stands for the node's address: a machine netbooting now asked
+/// for its address a few minutes ago at most.
+pub const SIGHTING_TTL: Duration = Duration::from_secs(3600);
 
 impl Discovery {
     /// Discovery within `settings`.
@@ -84,6 +96,30 @@ impl Discovery {
         }
     }
 
+    /// Remembers the address a MAC asked for.
+    fn sight(&self, mac: Mac, ip: Ipv4Addr, now: Instant) {
+        let mut s = self.sightings.lock().expect("lock");
+        if s.len() >= SIGHTINGS_CAP && !s.contains_key(&mac) {
+            s.retain(|_, (_, at)| now.duration_since(*at) < SIGHTING_TTL);
+            if s.len() >= SIGHTINGS_CAP {
+                s.clear();
+            }
+        }
+        s.insert(mac, (ip, now));
+    }
+
+    /// The addresses `macs` asked for in the last [`SIGHTING_TTL`] (proxy mode: where
+    /// the node is, as the site's DHCP server was told).
+    pub fn sighted(&self, macs: &[Mac]) -> Vec<IpAddr> {
+        let now = Instant::now();
+        let s = self.sightings.lock().expect("lock");
+        macs.iter()
+            .filter_map(|m| s.get(m))
+            .filter(|(_, at)| now.duration_since(*at) < SIGHTING_TTL)
+            .map(|(ip, _)| IpAddr::V4(*ip))
+            .collect()
+    }
+
     /// How many MACs the cache holds now.
     pub fn cached(&self) -> usize {
         self.known.lock().expect("lock").len()
@@ -105,6 +141,9 @@ impl Discovery {
                 let known = self.known.lock().expect("lock");
                 for seen in batch.drain(..) {
                     let mac = seen.mac;
+                    if let Some(ip) = seen.address {
+                        self.sight(mac, ip, Instant::now());
+                    }
                     if !known.contains(&mac) && !new.iter().any(|(m, _)| *m == mac) {
                         new.push((mac, seen.arch.and_then(Arch::from_client_arch)));
                     }
@@ -192,6 +231,8 @@ mod tests {
                 arch: Some(7),
                 vendor_class: None,
                 user_class_ipxe: false,
+                // Every client asks for an address of its own (10.0.x.y).
+                address: Some(Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8)),
             })
             .await
             .unwrap();
@@ -261,5 +302,34 @@ mod tests {
         assert!(d.known.lock().unwrap().contains(&last));
         d.forget(&[last]);
         assert!(!d.known.lock().unwrap().contains(&last));
+    }
+
+    /// Proxy mode's stand-in for a lease: the address each MAC last asked for, for an
+    /// hour, bounded in memory.
+    #[tokio::test]
+    async fn requested_addresses_are_remembered_bounded() {
+        let settings = DiscoverySettings {
+            max_pending: 5,
+            per_minute: 1000,
+        };
+        let (_s, d, _dir) = flood(settings, 300).await;
+        // Remembered for every client heard, registered or not.
+        assert_eq!(
+            d.sighted(&[mac(7), mac(299), mac(5000)]),
+            vec![IpAddr::from([10, 0, 0, 7]), IpAddr::from([10, 0, 1, 43])]
+        );
+        let now = Instant::now();
+        d.sight(mac(7), Ipv4Addr::new(10, 9, 9, 9), now);
+        assert_eq!(d.sighted(&[mac(7)]), vec![IpAddr::from([10, 9, 9, 9])]);
+        // Old sightings stand for nothing.
+        if let Some(old) = now.checked_sub(SIGHTING_TTL) {
+            d.sight(mac(8), Ipv4Addr::new(10, 9, 9, 8), old);
+            assert!(d.sighted(&[mac(8)]).is_empty());
+        }
+        // A flood of spoofed MACs cannot grow the map past its cap.
+        for i in 0..(SIGHTINGS_CAP as u32 + 10) {
+            d.sight(mac(100_000 + i), Ipv4Addr::new(10, 1, 1, 1), now);
+        }
+        assert!(d.sightings.lock().unwrap().len() <= SIGHTINGS_CAP);
     }
 }

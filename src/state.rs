@@ -210,7 +210,9 @@ impl AppState {
                 .filter_map(|ip| ip.parse().ok())
                 .collect()
         } else {
-            Vec::new()
+            // Proxy mode: the site's DHCP server leases; the address the node asked it
+            // for (seen in its broadcast DHCPREQUEST) stands in for the lease.
+            self.discovery.sighted(&self.store.macs(node.id).await?)
         };
         Ok(Whereabouts {
             boot_ip: node.boot_ip.as_deref().and_then(|ip| ip.parse().ok()),

@@ -491,6 +491,36 @@ impl IpmiBmc {
         .await
     }
 
+    /// `clear_boot_override`: boot flags with the valid bit off and no device.
+    async fn do_clear_boot(&self) -> Result<BootOverride, BmcError> {
+        let cur = self.read_override().await?;
+        if !cur.boots_network() {
+            return Ok(cur);
+        }
+        let want = BootFlags {
+            valid: false,
+            persistent: false,
+            efi: cur.mode == Some(BootMode::Uefi),
+            device: BootDevice::NoOverride,
+        };
+        self.run(Step::SetBoot, move |l, s| {
+            l.with_session(s, Step::SetBoot, |x| {
+                l.cmd(x, Step::SetBoot, SetBootFlags(want))
+            })
+        })
+        .await?;
+        let got = self.read_override().await?;
+        if got.boots_network() {
+            return Err(BmcError::OverrideNotApplied {
+                driver: D,
+                wanted: "no network boot override".into(),
+                got: got.to_string(),
+                attempts: 1,
+            });
+        }
+        Ok(got)
+    }
+
     async fn do_check(&self) -> Result<CheckReport, BmcError> {
         let mut r = CheckReport::new(D, &self.link.address, CIPHER.into());
         let id = self

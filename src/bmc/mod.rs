@@ -49,6 +49,9 @@ macro_rules! impl_bmc {
             fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
                 Box::pin(self.do_cycle())
             }
+            fn clear_boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+                Box::pin(self.do_clear_boot())
+            }
             fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>> {
                 Box::pin(self.do_power(PowerState::On))
             }
@@ -325,6 +328,14 @@ pub struct BootOverride {
     pub mode: Option<BootMode>,
     /// Redfish `HttpBootUri` where reported.
     pub http_uri: Option<String>,
+}
+
+impl BootOverride {
+    /// Whether this override still sends the next boot to the network.
+    pub fn boots_network(&self) -> bool {
+        self.enabled != OverrideEnabled::Disabled
+            && matches!(self.target.as_str(), "Pxe" | "UefiHttp")
+    }
 }
 
 impl fmt::Display for BootOverride {
@@ -662,6 +673,11 @@ pub trait Bmc: fmt::Debug + Send + Sync {
     fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>>;
     /// Restarts the node (or powers it on when off) and observes it (see module docs).
     fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>>;
+    /// Takes away a network boot override that is still in force (a BMC that reads a
+    /// one-time override back as `Continuous` keeps it after the netboot), reads it back
+    /// and returns what was read. An override that no longer boots the network is left
+    /// as it is.
+    fn clear_boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>>;
     /// Powers on and waits for On.
     fn power_on(&self) -> BoxFuture<'_, Result<(), BmcError>>;
     /// Powers off (forced) and waits for Off.

@@ -282,6 +282,14 @@ fn boot_patch(system: &Value, next: &NextBoot) -> Result<(Value, Vec<String>), B
     Ok((json!({ "Boot": Value::Object(b) }), notes))
 }
 
+/// The PATCH bodies that clear a network boot override, in the order tried.
+fn clear_patches() -> [Value; 2] {
+    [
+        json!({ "Boot": { "BootSourceOverrideEnabled": "Disabled" } }),
+        json!({ "Boot": { "BootSourceOverrideEnabled": "Disabled", "BootSourceOverrideTarget": "Hdd" } }),
+    ]
+}
+
 /// Whether the read-back matches what was written (see `set_next_boot`).
 fn override_matches(patch: &Value, got: &BootOverride) -> bool {
     let b = &patch["Boot"];
@@ -834,6 +842,50 @@ impl RedfishBmc {
             Ok(ReadBack::Landed(got))
         })
         .await
+    }
+
+    /// `clear_boot_override`: `Enabled: Disabled` first (the Redfish way); a BMC that
+    /// refuses that alone or ignores it (sushy-tools keeps every override continuous
+    /// and needs a target) gets the disk as target with it.
+    async fn do_clear_boot(&self) -> Result<BootOverride, BmcError> {
+        let path = &self.system().await?.to_string();
+        let cur = self.get(Step::ReadBoot, path).await?;
+        let mut got = parse_boot(&cur.body);
+        if !got.boots_network() {
+            return Ok(got);
+        }
+        let mut etag = cur.etag;
+        let patches = clear_patches();
+        for (i, patch) in patches.iter().enumerate() {
+            let req = Req {
+                body: Some(patch),
+                if_match: etag.as_deref(),
+                ..Req::new(Step::SetBoot, Method::PATCH, path)
+            };
+            match self.call(req).await {
+                Ok(_) => {}
+                Err(BmcError::Protocol {
+                    status: Some(s),
+                    message,
+                    ..
+                }) if (400..500).contains(&s) && i + 1 < patches.len() => {
+                    tracing::info!(bmc = %self.base, status = s, %message, "override clear refused; trying with a disk target");
+                }
+                Err(e) => return Err(e),
+            }
+            let r = self.get(Step::ReadBoot, path).await?;
+            got = parse_boot(&r.body);
+            etag = r.etag;
+            if !got.boots_network() {
+                return Ok(got);
+            }
+        }
+        Err(BmcError::OverrideNotApplied {
+            driver: D,
+            wanted: "no network boot override".into(),
+            got: got.to_string(),
+            attempts: u32::try_from(patches.len()).unwrap_or(u32::MAX),
+        })
     }
 
     async fn do_check(&self) -> Result<CheckReport, BmcError> {

@@ -61,6 +61,10 @@ pub struct DhcpSeen {
     pub arch: Option<u16>,
     pub vendor_class: Option<String>,
     pub user_class_ipxe: bool,
+    /// The address the client asked for or holds (a REQUEST's option 50, else its
+    /// `ciaddr`): in proxy mode, where the site's DHCP server leases, the address the
+    /// node's boot token may be bound to (see `Discovery::sighted`).
+    pub address: Option<Ipv4Addr>,
 }
 
 /// The sockets of one interface.
@@ -314,6 +318,12 @@ async fn handle(
             arch: req.client.arch,
             vendor_class: req.client.vendor_class.clone(),
             user_class_ipxe: req.client.user_class_ipxe,
+            address: (req.msg_type == dhcproto::v4::MessageType::Request)
+                .then(|| {
+                    req.requested_ip
+                        .or(Some(req.ciaddr()).filter(|a| !a.is_unspecified()))
+                })
+                .flatten(),
         };
         if let Err(mpsc::error::TrySendError::Full(_)) = shared.seen.try_send(seen) {
             stats.seen_dropped.inc();

@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use super::error::{ApiError, JsonBody};
+use super::error::{ApiError, JsonBody, QueryParams};
 use crate::lifecycle::apply::Hooks;
 use crate::lifecycle::transition::{BootToken, Event, Outcome, State as NodeState};
 use crate::lifecycle::worker::ConnectError;
@@ -106,19 +106,72 @@ pub fn view_with(n: NodeRow, macs: Vec<Mac>) -> NodeView {
     }
 }
 
-/// Every node, in two queries however many there are.
-pub async fn all_views(st: &AppState) -> Result<Vec<NodeView>, ApiError> {
-    Ok(st
-        .store
-        .nodes_with_macs()
-        .await?
-        .into_iter()
-        .map(|(n, m)| view_with(n, m))
-        .collect())
+/// Most nodes in one page of a listing (`?limit=`), and the page size when none is
+/// asked for: a listing's memory and time stay bounded whatever the inventory holds.
+pub const MAX_PAGE: u32 = 1000;
+pub const DEFAULT_PAGE: u32 = 500;
+
+/// `?limit=&after=&state=` of a node listing (the API and the status page): nodes with
+/// an id above `after`, in id order, optionally only those in `state`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    pub limit: Option<u32>,
+    pub after: Option<i64>,
+    pub state: Option<NodeState>,
 }
 
-async fn list_nodes(State(st): State<Arc<AppState>>) -> Result<Json<Vec<NodeView>>, ApiError> {
-    Ok(Json(all_views(&st).await?))
+/// One page of a listing, and the query string of the next page if there is more.
+#[derive(Debug)]
+pub struct Page {
+    pub nodes: Vec<NodeView>,
+    pub next: Option<String>,
+}
+
+/// One page of nodes, in two queries however many there are.
+pub async fn page(st: &AppState, q: &PageQuery) -> Result<Page, ApiError> {
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bad_limit",
+            format!("limit must be 1 to {MAX_PAGE} (got {limit})"),
+        ));
+    }
+    let after = q.after.unwrap_or(0);
+    let mut rows = st.store.nodes_page(after, limit + 1, q.state).await?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next = match rows.last() {
+        Some((last, _)) if more => {
+            let mut n = format!("after={}&limit={limit}", last.id);
+            if let Some(s) = q.state {
+                n.push_str(&format!("&state={s}"));
+            }
+            Some(n)
+        }
+        _ => None,
+    };
+    Ok(Page {
+        nodes: rows.into_iter().map(|(n, m)| view_with(n, m)).collect(),
+        next,
+    })
+}
+
+/// `GET /api/v1/nodes`: one page (see [`PageQuery`]); when there is more, a
+/// `Link: </api/v1/nodes?after=…>; rel="next"` header (RFC 8288) gives the next.
+async fn list_nodes(
+    State(st): State<Arc<AppState>>,
+    QueryParams(q): QueryParams<PageQuery>,
+) -> Result<Response, ApiError> {
+    let p = page(&st, &q).await?;
+    let mut resp = Json(p.nodes).into_response();
+    if let Some(next) = p.next
+        && let Ok(v) = format!("</api/v1/nodes?{next}>; rel=\"next\"").parse()
+    {
+        resp.headers_mut().insert(header::LINK, v);
+    }
+    Ok(resp)
 }
 
 async fn find(st: &AppState, reference: &str) -> Result<NodeRow, ApiError> {

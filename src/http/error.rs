@@ -1,8 +1,9 @@
 //! JSON errors `{error, detail}` with the right status, and a JSON body extractor whose
 //! rejections are JSON too.
 
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
@@ -129,6 +130,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 };
                 Err(ApiError::new(status, code, r.body_text()))
             }
+        }
+    }
+}
+
+/// `Query<T>` whose failures (unknown parameter, bad value) are JSON errors (400).
+pub struct QueryParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(QueryParams(v)),
+            Err(r) => Err(ApiError::new(r.status(), "bad_request", r.body_text())),
         }
     }
 }

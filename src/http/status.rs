@@ -17,8 +17,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::api::{NodeView, view};
-use super::error::ApiError;
+use super::api::{NodeView, PageQuery, view};
+use super::error::{ApiError, QueryParams};
 use crate::state::AppState;
 use crate::store::nodes::EventRow;
 
@@ -102,29 +102,33 @@ async fn viewer_auth(
     .into_response()
 }
 
-/// What the page shows.
+/// What the page shows: counts over every node, and one page of nodes (see
+/// [`PageQuery`]).
 #[derive(Debug, Serialize)]
 pub struct Status {
     pub nodes: Vec<NodeView>,
-    pub counts: Vec<(String, usize)>,
+    pub counts: Vec<(String, i64)>,
+    /// Nodes in the inventory.
+    pub total: i64,
+    /// The state this page is filtered on, if any.
+    pub state: Option<String>,
+    /// Query string of the next page (`/status.json?…`, `/?…`), if there is more.
+    pub next: Option<String>,
     pub generated_at: String,
 }
 
-async fn status(st: &AppState) -> Result<Status, ApiError> {
-    let nodes = super::api::all_views(st).await?;
-    let counts = crate::model::State::ALL
-        .iter()
-        .map(|s| {
-            (
-                s.to_string(),
-                nodes.iter().filter(|n| n.state == *s).count(),
-            )
-        })
-        .filter(|(_, c)| *c > 0)
-        .collect();
+async fn status(st: &AppState, q: &PageQuery) -> Result<Status, ApiError> {
+    let counts = st.store.state_counts().await?;
+    let p = super::api::page(st, q).await?;
     Ok(Status {
-        nodes,
-        counts,
+        nodes: p.nodes,
+        total: counts.iter().map(|(_, n)| n).sum(),
+        counts: counts
+            .into_iter()
+            .map(|(s, n)| (s.to_string(), n))
+            .collect(),
+        state: q.state.map(|s| s.to_string()),
+        next: p.next,
         generated_at: crate::store::nodes::now(),
     })
 }
@@ -135,13 +139,19 @@ struct StatusPage<'a> {
     s: &'a Status,
 }
 
-async fn page(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    let s = status(&st).await?;
+async fn page(
+    State(st): State<Arc<AppState>>,
+    QueryParams(q): QueryParams<PageQuery>,
+) -> Result<Response, ApiError> {
+    let s = status(&st, &q).await?;
     render(StatusPage { s: &s })
 }
 
-async fn status_json(State(st): State<Arc<AppState>>) -> Result<Json<Status>, ApiError> {
-    Ok(Json(status(&st).await?))
+async fn status_json(
+    State(st): State<Arc<AppState>>,
+    QueryParams(q): QueryParams<PageQuery>,
+) -> Result<Json<Status>, ApiError> {
+    Ok(Json(status(&st, &q).await?))
 }
 
 #[derive(Template)]

@@ -274,6 +274,11 @@ pub enum Effect {
     },
     /// Drop the node's deadline.
     ClearDeadline,
+    /// The node netbooted for `generation`: read its BMC's boot override and take it
+    /// away if it still boots the network (a BMC that keeps a one-time override as
+    /// `Continuous` would otherwise netboot the installed system again). Best effort: a
+    /// failure is counted and logged, and the node goes on.
+    ClearBootOverride { generation: i64 },
 }
 
 impl Effect {
@@ -284,6 +289,7 @@ impl Effect {
             Effect::PowerCycle { .. } => BmcStep::PowerCycle.as_str(),
             Effect::ArmDeadline { .. } => "arm_deadline",
             Effect::ClearDeadline => "clear_deadline",
+            Effect::ClearBootOverride { .. } => "clear_boot_override",
         }
     }
 
@@ -313,6 +319,10 @@ impl Effect {
                 ..
             } => node.state == *state && node.generation == *generation && node.attempt == *attempt,
             Effect::ClearDeadline => true,
+            Effect::ClearBootOverride { generation } => {
+                node.generation == *generation
+                    && matches!(node.state, State::Installing | State::FirstBoot)
+            }
         }
     }
 }
@@ -642,7 +652,17 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
                 state: S::Installing,
                 ..node.clone()
             };
-            Ok(changed(node, next, policy, Duration::ZERO, vec![], None))
+            let clear = Effect::ClearBootOverride {
+                generation: node.generation,
+            };
+            Ok(changed(
+                node,
+                next,
+                policy,
+                Duration::ZERO,
+                vec![clear],
+                None,
+            ))
         }
         // The firmware or installer fetched the script again (an interrupted install).
         (S::Installing, E::InstallerServed { .. }) => Ok(Outcome::Ignored(Ignored::Repeated)),
@@ -1063,7 +1083,9 @@ mod tests {
             (S::Reclaiming, "netboot_set") => To(S::Reclaiming, &["power_cycle"]),
             (S::Reclaiming, "power_cycled") => To(S::Netbooting, ARM),
             (S::Reclaiming, "bmc_step_failed") => To(S::Reclaiming, RECLAIM),
-            (S::Netbooting, "installer_served") => To(S::Installing, ARM),
+            (S::Netbooting, "installer_served") => {
+                To(S::Installing, &["arm_deadline", "clear_boot_override"])
+            }
             (S::Installing, "installer_served") => Ignored(super::Ignored::Repeated),
             (S::Netbooting | S::Installing, "install_finished") => To(S::FirstBoot, ARM),
             (S::FirstBoot, "install_finished") => Ignored(super::Ignored::Repeated),

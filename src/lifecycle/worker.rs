@@ -16,6 +16,7 @@ use super::transition::{BmcStep, Effect, Event, Policy, State};
 use crate::bmc::{self, Bmc, BmcEndpoint, BmcError, NextBoot, Secret, TlsPolicy};
 use crate::metrics::CounterFamily;
 use crate::store::Store;
+use crate::store::intents::Claim;
 use crate::store::nodes::parse_time;
 
 /// Why a BMC step could not even start.
@@ -172,6 +173,13 @@ impl BmcConnector for StoreBmcs {
         })
     }
 }
+
+/// How long a power cycle sent before a restart has to show as On before the restarted
+/// daemon powers the machine on itself.
+const CONFIRM_WINDOW: Duration = Duration::from_secs(30);
+
+/// The `step` label of failed override clears in `pxed_bmc_failures_total`.
+const CLEAR_OVERRIDE: &str = "clear_override";
 
 /// How long an event the store could not take is retried (see `apply_logged`).
 pub const STORE_RETRY_FOR: Duration = Duration::from_secs(300);
@@ -348,6 +356,17 @@ impl Lifecycle {
                 attempt,
                 delay,
             } => self.spawn_bmc(id, BmcStep::PowerCycle, generation, attempt, delay),
+            Effect::ClearBootOverride { generation } => {
+                let me = self.clone();
+                self.tasks.spawn(async move {
+                    tokio::select! {
+                        // CANCEL-SAFETY: best effort; a BMC left with the override is read again at the next netboot.
+                        _ = me.cancel.cancelled() => {}
+                        // CANCEL-SAFETY: see above.
+                        _ = me.clear_override(id, generation) => {}
+                    }
+                });
+            }
         }
     }
 
@@ -385,21 +404,28 @@ impl Lifecycle {
             tokio::time::sleep(delay).await;
         }
         // A backoff may have outlived the plan (quarantined, retried, new generation).
-        match self.store.node(id).await {
-            Ok(Some(n))
-                if n.state == State::Reclaiming
-                    && n.generation == generation
-                    && n.attempt == i64::from(attempt) => {}
-            Ok(_) => {
+        // Still current, the step is recorded as sent before it is sent: a restart
+        // then checks the machine instead of cycling it a second time.
+        let claim = match self
+            .store
+            .claim_bmc_step(id, generation, attempt, step)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(node = id, %step, error = %e, "recording BMC step; not sent (the reclaiming deadline retries)");
+                return;
+            }
+        };
+        let sent = match claim {
+            Claim::Send => self.bmc_call(id, step).await,
+            Claim::AlreadySent { at } => self.confirm_cycle(id, &at).await,
+            Claim::NotCurrent => {
                 tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
                 return;
             }
-            Err(e) => {
-                tracing::warn!(node = id, error = %e, "loading node for BMC step");
-                return;
-            }
-        }
-        let event = match self.bmc_call(id, step).await {
+        };
+        let event = match sent {
             Ok(driver) => {
                 tracing::info!(node = id, %step, %driver, generation, attempt, "BMC step done");
                 match step {
@@ -449,6 +475,105 @@ impl Lifecycle {
         b.close().await;
         r.map(|()| b.driver())
             .map_err(|error| BmcCallError::Bmc { step, error })
+    }
+
+    /// A power cycle an earlier run recorded as sent (at `at`) and then died before its
+    /// answer was applied: the machine may have restarted already, so it is not cycled
+    /// again. A machine that reads On (within [`CONFIRM_WINDOW`]) is taken as cycled (if
+    /// the reset never reached it, no netboot follows and the `netbooting` deadline
+    /// retries); one that stays Off (the cycle was cut between off and on) is powered on.
+    async fn confirm_cycle(&self, id: i64, at: &str) -> Result<bmc::Driver, BmcCallError> {
+        let step = BmcStep::PowerCycle;
+        let b = self
+            .bmcs
+            .connect(&self.store, id)
+            .await
+            .map_err(|e| BmcCallError::new(step, e))?;
+        let r = async {
+            // A power action takes a while to show (seconds on real BMCs): watch for
+            // the On the cycle would bring before asking for one.
+            let started = tokio::time::Instant::now();
+            loop {
+                let state = b.power_state().await?;
+                if state == bmc::PowerState::On {
+                    tracing::info!(
+                        node = id,
+                        sent_at = at,
+                        "power cycle was sent before a restart: not sent again"
+                    );
+                    return Ok(());
+                }
+                if started.elapsed() >= CONFIRM_WINDOW {
+                    tracing::info!(
+                        node = id,
+                        sent_at = at,
+                        ?state,
+                        "power cycle sent before a restart left the node off: powering on"
+                    );
+                    return b.power_on().await;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        .await;
+        b.close().await;
+        r.map(|()| b.driver())
+            .map_err(|error| BmcCallError::Bmc { step, error })
+    }
+
+    /// The node netbooted: take away a network boot override its BMC still holds (see
+    /// [`Effect::ClearBootOverride`]). Best effort, never an event: the outcome is
+    /// logged, noted in the node's audit log when something was cleared or failed, and
+    /// counted in `pxed_bmc_failures_total{step="clear_override"}` on failure.
+    async fn clear_override(&self, id: i64, generation: i64) {
+        let b = match self.bmcs.connect(&self.store, id).await {
+            Ok(b) => b,
+            Err(ConnectError::NoBmc) => return,
+            Err(e) => {
+                self.bmc_failures.inc(["none", CLEAR_OVERRIDE, e.kind()]);
+                tracing::warn!(node = id, error = %e, "clearing the boot override: no BMC connection");
+                return;
+            }
+        };
+        let before = b.boot_override().await;
+        let (event, detail) = match before {
+            Ok(o) if !o.boots_network() => {
+                tracing::debug!(node = id, %o, "boot override already consumed");
+                b.close().await;
+                return;
+            }
+            Ok(o) => match b.clear_boot_override().await {
+                Ok(after) => {
+                    tracing::info!(node = id, before = %o, after = %after, "cleared a network boot override the BMC kept after the netboot");
+                    ("boot_override_cleared", format!("{o} -> {after}"))
+                }
+                Err(e) => {
+                    self.bmc_failures
+                        .inc([b.driver().as_str(), CLEAR_OVERRIDE, e.kind()]);
+                    tracing::warn!(node = id, override_ = %o, error = %e, "could not clear the network boot override");
+                    ("boot_override_clear_failed", format!("{o}: {e}"))
+                }
+            },
+            Err(e) => {
+                self.bmc_failures
+                    .inc([b.driver().as_str(), CLEAR_OVERRIDE, e.kind()]);
+                tracing::warn!(node = id, error = %e, "could not read the boot override after the netboot");
+                ("boot_override_clear_failed", e.to_string())
+            }
+        };
+        b.close().await;
+        match self.store.node(id).await {
+            Ok(Some(n)) if n.generation == generation => {
+                if let Err(e) = self
+                    .store
+                    .note(id, generation, n.state, event, "bmc", &detail)
+                    .await
+                {
+                    tracing::warn!(node = id, error = %e, "recording the boot override outcome");
+                }
+            }
+            _ => {}
+        }
     }
 
     /// `pxed bmc check`: connects to node `id`'s BMC as the worker would (same
@@ -501,9 +626,10 @@ impl Lifecycle {
     }
 
     /// Re-arms deadlines and re-runs interrupted BMC steps from the store (after a
-    /// restart). A node in `reclaiming` starts its reclaim again from "set netboot":
-    /// the override is consumed by a power cycle, so cycling again without setting it
-    /// would boot the disk.
+    /// restart). A node in `reclaiming` starts its reclaim again from "set netboot"
+    /// (the override is consumed by a power cycle, so cycling again without setting it
+    /// would boot the disk), unless its power cycle was already sent: then the machine
+    /// is checked, not cycled twice.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, crate::store::StoreError> {
         let states: Vec<State> = State::ALL.into_iter().filter(|s| s.in_progress()).collect();
         let nodes = self.store.nodes_in_states(&states).await?;
@@ -528,15 +654,29 @@ impl Lifecycle {
                 );
             }
             if state == State::Reclaiming {
-                self.run_effect(
-                    row.id,
-                    Effect::SetNetboot {
-                        generation: row.generation,
+                // A power cycle recorded as sent for this very attempt is checked, not
+                // repeated (`confirm_cycle`); setting netboot again would also leave a
+                // fresh override for the installed system's first reboot.
+                let cycle_sent = self.store.bmc_intent(row.id).await?.is_some_and(|i| {
+                    i.step == BmcStep::PowerCycle
+                        && i.generation == row.generation
+                        && i.attempt == row.attempt
+                });
+                let (generation, delay) = (row.generation, Duration::ZERO);
+                let step = if cycle_sent {
+                    Effect::PowerCycle {
+                        generation,
                         attempt,
-                        delay: Duration::ZERO,
-                    },
-                    Duration::ZERO,
-                );
+                        delay,
+                    }
+                } else {
+                    Effect::SetNetboot {
+                        generation,
+                        attempt,
+                        delay,
+                    }
+                };
+                self.run_effect(row.id, step, Duration::ZERO);
             }
             tracing::info!(node = row.id, %state, elapsed_s = elapsed.as_secs(), "resumed");
             n += 1;

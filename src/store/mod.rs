@@ -4,6 +4,7 @@
 
 pub mod images;
 pub mod install_log;
+pub mod intents;
 pub mod leases;
 pub mod nodes;
 pub mod secrets;

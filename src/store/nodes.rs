@@ -187,12 +187,27 @@ impl Store {
         .await?)
     }
 
-    /// Every node with its MACs (boot MAC first), in two queries whatever the count.
-    pub async fn nodes_with_macs(&self) -> Result<Vec<(NodeRow, Vec<Mac>)>, StoreError> {
-        let nodes = self.nodes().await?;
+    /// One page of a node listing with each node's MACs (boot MAC first), in two
+    /// queries whatever the page size: the first `limit` nodes with an id above
+    /// `after`, in id order, optionally only those in `state`.
+    pub async fn nodes_page(
+        &self,
+        after: i64,
+        limit: u32,
+        state: Option<State>,
+    ) -> Result<Vec<(NodeRow, Vec<Mac>)>, StoreError> {
+        let limit = i64::from(limit);
+        let nodes = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id > ? AND (? IS NULL OR state = ?) ORDER BY id LIMIT ?"#, after, state, state, limit)
+            .fetch_all(&self.pool)
+            .await?;
+        let Some(last) = nodes.last().map(|n| n.id) else {
+            return Ok(vec![]);
+        };
         let ifaces = sqlx::query_as!(
             InterfaceRow,
-            r#"SELECT mac AS "mac: _", node_id, is_boot AS "is_boot: _" FROM interfaces ORDER BY node_id, is_boot DESC, mac"#
+            r#"SELECT mac AS "mac: _", node_id, is_boot AS "is_boot: _" FROM interfaces WHERE node_id > ? AND node_id <= ? ORDER BY node_id, is_boot DESC, mac"#,
+            after,
+            last
         )
         .fetch_all(&self.pool)
         .await?;
@@ -207,6 +222,18 @@ impl Store {
                 (n, m)
             })
             .collect())
+    }
+
+    /// How many nodes are in each state (states with none left out).
+    pub async fn state_counts(&self) -> Result<Vec<(State, i64)>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT state AS "state: State", COUNT(*) AS "n!: i64" FROM nodes GROUP BY state"#
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut counts: Vec<(State, i64)> = rows.into_iter().map(|r| (r.state, r.n)).collect();
+        counts.sort_by_key(|(s, _)| State::ALL.iter().position(|x| x == s));
+        Ok(counts)
     }
 
     /// The MACs of a node, boot MAC first.
@@ -778,8 +805,8 @@ mod tests {
             use tracing_subscriber::layer::SubscriberExt;
             let c = Arc::new(StatementCounter {
                 needles: vec![
-                    ("FROM interfaces WHERE node_id", AtomicUsize::new(0)),
-                    ("FROM interfaces ORDER BY node_id", AtomicUsize::new(0)),
+                    ("FROM interfaces WHERE node_id = ?", AtomicUsize::new(0)),
+                    ("FROM interfaces WHERE node_id > ?", AtomicUsize::new(0)),
                 ],
             });
             let sub = tracing_subscriber::registry()
@@ -815,9 +842,9 @@ mod tests {
             };
             store.create_node(&n, "test").await.unwrap();
         }
-        let per_node = counter.get("FROM interfaces WHERE node_id");
-        let batch = counter.get("FROM interfaces ORDER BY node_id");
-        let listed = store.nodes_with_macs().await.unwrap();
+        let per_node = counter.get("FROM interfaces WHERE node_id = ?");
+        let batch = counter.get("FROM interfaces WHERE node_id > ?");
+        let listed = store.nodes_page(0, 1000, None).await.unwrap();
         assert_eq!(listed.len(), 40);
         assert!(listed.iter().all(|(_, m)| m.len() == 2));
         assert_eq!(
@@ -828,11 +855,34 @@ mod tests {
             ],
             "boot MAC first"
         );
-        assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 0);
-        assert_eq!(counter.get("FROM interfaces ORDER BY node_id") - batch, 1);
+        assert_eq!(
+            counter.get("FROM interfaces WHERE node_id = ?") - per_node,
+            0
+        );
+        assert_eq!(counter.get("FROM interfaces WHERE node_id > ?") - batch, 1);
+        // Pages follow each other by id, and a state filter is SQL too.
+        let first = store.nodes_page(0, 15, None).await.unwrap();
+        let second = store.nodes_page(first[14].0.id, 15, None).await.unwrap();
+        assert_eq!(first.len() + second.len(), 30);
+        assert_eq!(second[0].0.id, first[14].0.id + 1);
+        assert_eq!(second[0].1.len(), 2);
+        assert!(
+            store
+                .nodes_page(0, 10, Some(State::Failed))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            store.state_counts().await.unwrap(),
+            vec![(State::Available, 40)]
+        );
         // The counter does see per-node queries: one for one node.
         store.macs(listed[0].0.id).await.unwrap();
-        assert_eq!(counter.get("FROM interfaces WHERE node_id") - per_node, 1);
+        assert_eq!(
+            counter.get("FROM interfaces WHERE node_id = ?") - per_node,
+            1
+        );
         // And filtering by state happens in SQL.
         let some = store.nodes_in_states(&[State::Available]).await.unwrap();
         assert_eq!(some.len(), 40);

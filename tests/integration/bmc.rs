@@ -403,6 +403,15 @@ async fn redfish_happy_path_find_by_mac_set_pxe_and_cycle() {
     b.power_cycle().await.unwrap();
     assert!(t.elapsed() < Duration::from_secs(41));
     assert_eq!(b.power_state().await.unwrap(), PowerState::On);
+    // sushy keeps every override (reads it back Continuous): after the netboot pxed
+    // takes it away; `Enabled: Disabled` alone is refused (400), so with a disk target.
+    let kept = b.boot_override().await.unwrap();
+    assert!(kept.boots_network(), "{kept}");
+    let cleared = b.clear_boot_override().await.unwrap();
+    assert!(!cleared.boots_network(), "{cleared}");
+    assert_eq!(b.boot_override().await.unwrap().target, "Hdd");
+    // Nothing left to clear: only read.
+    assert_eq!(b.clear_boot_override().await.unwrap(), cleared);
     // node1 was not touched: the MAC picked node2
     let mut ep1 = endpoint(Driver::Redfish, sushy.url(), PASSWORD, real_policy());
     ep1.system_id = Some(NODE1.into());
@@ -892,6 +901,10 @@ async fn ipmi_happy_path_set_pxe_and_cycle() {
     let got = b.set_next_boot(NextBoot::pxe_once()).await.unwrap();
     assert_eq!(got.target, "Pxe");
     assert_eq!(b.boot_override().await.unwrap().target, "Pxe");
+    // Cleared (valid bit off, no device), read back, and set again for the cycle.
+    let cleared = b.clear_boot_override().await.unwrap();
+    assert!(!cleared.boots_network(), "{cleared}");
+    b.set_next_boot(NextBoot::pxe_once()).await.unwrap();
     b.power_on().await.unwrap();
     assert_eq!(sim.power_file(), "1");
     let t = Instant::now();

@@ -143,6 +143,20 @@ fn image_add_list_rm_with_checksums() {
     assert!(ok && !out.contains("debian-13"), "{out}");
     let (ok, _, err) = image(&["rm", "debian-13"]);
     assert!(!ok && err.contains("not imported"), "{err}");
+
+    // A mirror with one architecture only: the whole entry cannot be imported, the
+    // architecture on the mirror can (--arch), and a node of the other one is told.
+    std::fs::remove_dir_all(mirror.join(pa)).unwrap();
+    let (ok, _, err) = image(&["add", "debian-13"]);
+    assert!(!ok && err.contains("arm64/linux"), "{err}");
+    let (ok, out, err) = image(&["add", "debian-13", "--arch", "x86_64"]);
+    assert!(ok, "{out}{err}");
+    assert!(kernel.exists());
+    assert!(out.contains("x86_64") && !out.contains("arm64"), "{out}");
+    let (ok, _, err) = image(&["add", "debian-13", "--arch", "sparc"]);
+    assert!(!ok && err.contains("sparc"), "{err}");
+    let (ok, _, err) = image(&["add", "rocky-9", "--arch", "arm64"]);
+    assert!(!ok && err.contains("rocky"), "{err}");
 }
 
 /// The README tells operators to export `PXED_URL`, `PXED_API_TOKEN` and

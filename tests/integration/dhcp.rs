@@ -495,6 +495,35 @@ async fn proxy_mode_gives_boot_info_and_no_address() {
     assert_eq!(m.yiaddr(), Ipv4Addr::UNSPECIFIED);
     assert_eq!(fname(&m), "ipxe-arm64.efi");
     assert!(srv.store.load_leases(0).await.unwrap().is_empty());
+
+    // The site server's DORA, overheard: the broadcast REQUEST names the address the
+    // node will have (option 50), which proxy mode binds its boot token to.
+    let mut r = pxe(request(MessageType::Request, mac, 4), 7);
+    r.opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 77, 0, 51)));
+    r.opts_mut()
+        .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 77, 0, 254)));
+    peer.send(&r, "255.255.255.255:67").await;
+    let mut srv = srv;
+    let mut addresses = Vec::new();
+    until("the REQUEST to be seen", DEADLINE, async || {
+        while let Ok(s) = srv.seen.try_recv() {
+            addresses.push(s.address);
+        }
+        addresses
+            .contains(&Some(Ipv4Addr::new(10, 77, 0, 51)))
+            .then_some(())
+    })
+    .await;
+    // The DISCOVER asked for nothing; the 4011 REQUEST came from 10.77.0.50 (ciaddr).
+    assert_eq!(
+        addresses,
+        vec![
+            None,
+            Some(Ipv4Addr::new(10, 77, 0, 50)),
+            Some(Ipv4Addr::new(10, 77, 0, 51))
+        ]
+    );
     srv.stop().await;
 }
 

@@ -33,6 +33,23 @@ pub struct RecordingBmc {
     pub hang: bool,
     /// When set, a power cycle waits for a permit here before it answers.
     pub gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Reads a one-time override back as `Continuous` and keeps it across boots (as
+    /// sushy-tools and some vendors do) instead of consuming it.
+    pub sticky: bool,
+    /// The network boot override in force, if any.
+    pub pending: Mutex<Option<OverrideEnabled>>,
+}
+
+impl RecordingBmc {
+    fn read_override(&self) -> BootOverride {
+        let enabled = self.pending.lock().unwrap().clone();
+        BootOverride {
+            target: if enabled.is_some() { "Pxe" } else { "Hdd" }.into(),
+            enabled: enabled.unwrap_or(OverrideEnabled::Disabled),
+            mode: None,
+            http_uri: None,
+        }
+    }
 }
 
 impl RecordingBmc {
@@ -57,28 +74,34 @@ impl Bmc for RecordingBmc {
             "set_next_boot {:?} once={}",
             next.target, next.once
         ));
-        Box::pin(async {
-            Ok(BootOverride {
-                target: "Pxe".into(),
-                enabled: OverrideEnabled::Once,
-                mode: None,
-                http_uri: None,
-            })
-        })
+        *self.pending.lock().unwrap() = Some(if self.sticky || !next.once {
+            OverrideEnabled::Continuous
+        } else {
+            OverrideEnabled::Once
+        });
+        let o = self.read_override();
+        Box::pin(async move { Ok(o) })
     }
     fn boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
         self.record("boot_override");
-        Box::pin(async {
-            Ok(BootOverride {
-                target: "Pxe".into(),
-                enabled: OverrideEnabled::Once,
-                mode: None,
-                http_uri: None,
-            })
-        })
+        let o = self.read_override();
+        Box::pin(async move { Ok(o) })
+    }
+    fn clear_boot_override(&self) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+        self.record("clear_boot_override");
+        *self.pending.lock().unwrap() = None;
+        let o = self.read_override();
+        Box::pin(async move { Ok(o) })
     }
     fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
         self.record("power_cycle");
+        // The machine boots: a one-time override is consumed.
+        {
+            let mut p = self.pending.lock().unwrap();
+            if *p == Some(OverrideEnabled::Once) {
+                *p = None;
+            }
+        }
         let hang = self.hang;
         let gate = self.gate.clone();
         let fail = self
@@ -939,6 +962,8 @@ async fn deadline_expiry_retries_then_fails_with_the_stage() {
                 netboot_set = false;
             }
             c if c.starts_with("set_next_boot Pxe once=true") => netboot_set = true,
+            // After a netboot the override is read (and cleared if the BMC kept it).
+            "boot_override" | "clear_boot_override" => {}
             other => panic!("unexpected BMC call {other}"),
         }
     }
@@ -1605,4 +1630,216 @@ async fn an_event_that_meets_a_full_disk_is_applied_once_space_returns() {
         1,
         "{events:?}"
     );
+}
+
+/// Issue 10, finding 8: a crash after the power cycle reached the BMC and before its
+/// answer was applied. The restarted daemon checks the machine (power state) instead of
+/// setting netboot and cycling it a second time; the node goes on to `netbooting`.
+#[tokio::test]
+async fn a_power_cycle_sent_before_a_crash_is_not_sent_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let bmc = RecordingBmc {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    };
+    let h = Harness::new_in(&[], bmc, Some(data.clone())).await;
+    let id = h.register("52:54:00:aa:cc:41").await;
+    let (s, v) = h
+        .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
+        .await;
+    assert_eq!(s, 202, "{v}");
+    until(
+        "the power cycle to reach the BMC",
+        Duration::from_secs(10),
+        async || {
+            h.bmc
+                .calls()
+                .iter()
+                .any(|c| c == "power_cycle")
+                .then_some(())
+        },
+    )
+    .await;
+    // The daemon dies with the cycle sent and unanswered.
+    assert_eq!(h.node(id).await["state"], "reclaiming");
+    h.cancel.cancel();
+    drop(h);
+
+    let h = Harness::new_in(&[], RecordingBmc::default(), Some(data.clone())).await;
+    assert_eq!(h.st.lifecycle.resume().await.unwrap(), 1);
+    let n = h.wait_state(id, "netbooting").await;
+    assert_eq!(
+        h.bmc.calls(),
+        vec!["power_state"],
+        "checked, not set and cycled again"
+    );
+    let cycled: Vec<&Value> = n["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "power_cycled")
+        .collect();
+    assert_eq!(cycled.len(), 1, "{:#}", n["events"]);
+}
+
+/// Issue 10, finding 8: a BMC that reads the one-time override back as `Continuous`
+/// and keeps it. Once the netboot is seen (the installer served), pxed takes the
+/// override away, so the installed system boots its disk; a BMC that consumed it is
+/// only read.
+#[tokio::test]
+async fn a_sticky_override_is_cleared_after_the_netboot() {
+    for sticky in [true, false] {
+        let bmc = RecordingBmc {
+            sticky,
+            ..Default::default()
+        };
+        let h = Harness::new(&[], bmc).await;
+        let mac = if sticky {
+            "52:54:00:aa:cc:51"
+        } else {
+            "52:54:00:aa:cc:52"
+        };
+        let id = h.register(mac).await;
+        h.node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
+            .await;
+        h.wait_state(id, "netbooting").await;
+        assert_eq!(h.bmc.read_override().boots_network(), sticky);
+        let (s, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+        assert_eq!(s, 200, "{script}");
+        h.wait_state(id, "installing").await;
+        let want = if sticky {
+            vec!["boot_override", "clear_boot_override"]
+        } else {
+            vec!["boot_override"]
+        };
+        until(
+            "the override to be read after the netboot",
+            Duration::from_secs(10),
+            async || {
+                let calls = h.bmc.calls();
+                (calls[2..] == want[..]).then_some(())
+            },
+        )
+        .await;
+        assert!(!h.bmc.read_override().boots_network());
+        let n = until("the audit note", Duration::from_secs(5), async || {
+            let n = h.node(id).await;
+            let noted = n["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["event"] == "boot_override_cleared");
+            (noted == sticky).then_some(n)
+        })
+        .await;
+        assert_eq!(n["state"], "installing");
+    }
+}
+
+/// Issue 10, finding 5: listings are pages, so their memory and time stay bounded
+/// however many nodes the inventory holds. `GET /api/v1/nodes` gives at most 500 by
+/// default (1,000 asked for) and a `Link: rel="next"`; `/status.json` counts every node
+/// in SQL and lists one page; bad paging parameters are JSON errors.
+#[tokio::test]
+async fn node_listings_are_paged() {
+    use pxed::model::{Mac, State};
+    use pxed::store::nodes::NewNode;
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    for i in 0..1_203u32 {
+        let b = i.to_be_bytes();
+        let n = NewNode {
+            name: None,
+            arch: pxed::model::Arch::X86_64.into(),
+            state: if i % 100 == 7 {
+                State::Failed
+            } else {
+                State::Available
+            },
+            macs: vec![Mac([0x52, 0x54, 0, b[1], b[2], b[3]])],
+            boot_mac: None,
+            bmc: None,
+        };
+        h.st.store.create_node(&n, "test").await.unwrap();
+    }
+    let get = async |path: &str| {
+        let r = h
+            .http
+            .get(format!("{}{path}", h.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let link = r
+            .headers()
+            .get("link")
+            .map(|v| v.to_str().unwrap().to_string());
+        let v: Value = r.json().await.unwrap();
+        (status, link, v)
+    };
+
+    // Default page, then follow the links to the end: every node once, in id order.
+    let (s, mut link, v) = get("/api/v1/nodes").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v.as_array().unwrap().len(), 500);
+    let mut ids: Vec<i64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_i64().unwrap())
+        .collect();
+    while let Some(l) = link {
+        let next = l
+            .strip_prefix('<')
+            .and_then(|l| l.split_once(">; rel=\"next\""))
+            .map(|(u, _)| u.to_string())
+            .unwrap_or_else(|| panic!("Link header {l}"));
+        let (s, l2, v) = get(&next).await;
+        assert_eq!(s, 200);
+        ids.extend(
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n["id"].as_i64().unwrap()),
+        );
+        link = l2;
+    }
+    assert_eq!(ids.len(), 1_203);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+
+    // A state filter pages too (12 failed nodes, 5 a page).
+    let (_, link, v) = get("/api/v1/nodes?state=failed&limit=5").await;
+    assert_eq!(v.as_array().unwrap().len(), 5);
+    assert!(v.as_array().unwrap().iter().all(|n| n["state"] == "failed"));
+    assert!(link.unwrap().contains("state=failed"));
+
+    // The board: every node counted, one page listed.
+    let (s, _, st) = get("/status.json").await;
+    assert_eq!(s, 200);
+    assert_eq!(st["total"], 1_203);
+    assert_eq!(st["nodes"].as_array().unwrap().len(), 500);
+    assert_eq!(st["counts"], json!([["available", 1_191], ["failed", 12]]));
+    assert_eq!(st["next"], "after=500&limit=500");
+    let (_, _, st) = get("/status.json?state=failed&limit=1000").await;
+    assert_eq!(st["nodes"].as_array().unwrap().len(), 12);
+    assert_eq!(st["next"], Value::Null);
+
+    // Bad parameters: JSON errors, nothing listed.
+    for (path, status, code) in [
+        ("/api/v1/nodes?limit=0", 422, "bad_limit"),
+        ("/api/v1/nodes?limit=1001", 422, "bad_limit"),
+        ("/api/v1/nodes?limit=-1", 400, "bad_request"),
+        ("/api/v1/nodes?state=sleeping", 400, "bad_request"),
+        ("/api/v1/nodes?page=2", 400, "bad_request"),
+        ("/status.json?limit=5000", 422, "bad_limit"),
+    ] {
+        let (s, _, v) = get(path).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (status, Some(code)),
+            "{path}: {v}"
+        );
+    }
 }

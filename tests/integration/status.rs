@@ -93,6 +93,20 @@ fn status_page_shows_where_each_node_is_and_why_it_failed() {
     );
     assert!(!dom.contains("bmc-pw-never-shown"));
 
+    // Filtered by state (the counts link there), and paged, after the live refresh too.
+    let dom = dump_dom(&d.url("/?state=failed"));
+    assert!(dom.contains("(live)"), "{dom}");
+    assert!(dom.contains("x86-b") && !dom.contains("gh200-a"), "{dom}");
+    assert!(dom.contains("in state failed"), "{dom}");
+    assert!(dom.contains("href=\"/?state=available\""), "{dom}");
+    let dom = dump_dom(&d.url("/?limit=1"));
+    assert!(dom.contains("(live)"), "{dom}");
+    assert!(dom.contains("gh200-a") && !dom.contains("x86-b"), "{dom}");
+    assert!(
+        dom.contains("href=\"/?after=1&amp;limit=1\">next page"),
+        "{dom}"
+    );
+
     // The node timeline.
     let dom = dump_dom(&d.url(&format!("/nodes/{}", b["id"])));
     assert!(dom.contains("marked_failed"), "{dom}");

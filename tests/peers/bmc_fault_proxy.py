@@ -8,6 +8,8 @@ Faults (comma-separated):
   patch500              PATCH on a system answers 500 with a Redfish error body
   ignore-patch          PATCH answers 204 and is dropped (the override never changes)
   reset-noop            ComputerSystem.Reset answers 204 and is dropped (power never changes)
+  slow-reset            ComputerSystem.Reset is forwarded at once and answered 5 s later (the
+                        machine restarts while its caller still waits: a window to crash in)
   advertise-powercycle  prepend PowerCycle to ResetType@Redfish.AllowableValues (sushy then 501s it)
   sessions              add a SessionService: POST .../Sessions -> X-Auth-Token; requests with
                         the token are forwarded with the user's basic auth
@@ -20,6 +22,7 @@ import json
 import secrets
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -130,6 +133,8 @@ class Proxy(BaseHTTPRequestHandler):
             if "reset-noop" in f:
                 return self.reply(204)
         st, data, headers = self.upstream(method, path, body, auth)
+        if "slow-reset" in f and method == "POST" and path.endswith("/Actions/ComputerSystem.Reset"):
+            time.sleep(5)
         out = {}
         if st == 200 and method == "GET" and data:
             doc = json.loads(data)
