@@ -81,6 +81,18 @@ fn api_token(cfg: &Config) -> anyhow::Result<String> {
     Ok(t)
 }
 
+/// The syslog receiver's UDP socket and a TCP listener on the same address and port
+/// (with port 0, the port UDP got).
+fn bind_syslog(
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
+    let udp = crate::net::bind_udp(addr, None, false).context("syslog UDP")?;
+    let port = udp.local_addr()?.port();
+    let tcp =
+        crate::net::bind_tcp(std::net::SocketAddr::new(addr.ip(), port)).context("syslog TCP")?;
+    Ok((udp, tcp))
+}
+
 /// How long in-flight work may take to drain after cancellation.
 pub const DRAIN: Duration = Duration::from_millis(1500);
 
@@ -180,6 +192,50 @@ pub async fn run(
         let stats = Arc::new(crate::tftp::TftpStats::default());
         state.renders.lock().expect("lock").push(stats.clone());
         tasks.spawn(async move { Ok(crate::tftp::serve(tftp, root, settings, stats, c).await?) });
+    }
+
+    {
+        // The recorder runs whether or not the syslog receiver does: the reporting
+        // webhook feeds it too. Tracked, so its last batch is written before the store
+        // closes.
+        let settings = crate::telemetry::recorder::Settings {
+            lines_per_node: cfg.syslog.lines_per_node,
+            ..Default::default()
+        };
+        let rx = state
+            .telemetry
+            .take_receiver()
+            .context("the telemetry queue was taken already")?;
+        let (st, c) = (state.clone(), cancel.clone());
+        tasks.spawn(async move {
+            crate::telemetry::recorder::run(st, rx, settings, c).await;
+            Ok(())
+        });
+    }
+    if cfg.syslog.enabled {
+        match bind_syslog(cfg.syslog.address) {
+            Ok((udp, tcp)) => {
+                let addr = udp.local_addr()?;
+                tracing::info!(%addr, "syslog listening");
+                state.telemetry.set_listening(addr);
+                let limits = crate::telemetry::server::Limits {
+                    max_connections: cfg.syslog.max_connections as usize,
+                    idle_timeout: cfg.syslog.idle_timeout,
+                    max_line: cfg.syslog.max_line as usize,
+                };
+                let (t, c) = (state.telemetry.clone(), cancel.clone());
+                tasks.spawn(async move {
+                    Ok(crate::telemetry::server::serve(udp, tcp, t, limits, c).await?)
+                });
+            }
+            // Another syslog daemon may hold the port: pxed still serves, and installers
+            // are not pointed at a receiver that is not there.
+            Err(e) => tracing::error!(
+                addr = %cfg.syslog.address,
+                error = format!("{e:#}"),
+                "syslog receiver not started (installers will not report their logs; set [syslog] address or enabled = false)"
+            ),
+        }
     }
 
     if cfg.dhcp.mode != crate::config::DhcpMode::Off {

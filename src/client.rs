@@ -38,6 +38,13 @@ pub enum NodeCmd {
     /// Show one node with its events (id, name, hostname or MAC).
     Show {
         node: String,
+        /// Print the last lines the node's installer sent to pxed (syslog or reporting
+        /// webhook) instead of the node and its events.
+        #[arg(long)]
+        log: bool,
+        /// With --log: that generation's (default: the current one).
+        #[arg(long, requires = "log")]
+        generation: Option<i64>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -353,7 +360,33 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                 table(NODE_HEADERS, v.iter().map(node_row).collect());
             }
         }
-        NodeCmd::Show { node, api: a } => {
+        NodeCmd::Show {
+            node,
+            log: true,
+            generation,
+            api: a,
+        } => {
+            let api = Api::new(&a)?;
+            let path = match generation {
+                Some(g) => format!("/nodes/{node}/log?generation={g}"),
+                None => format!("/nodes/{node}/log"),
+            };
+            let v: crate::wire::InstallLog = api.call(Method::GET, &path, None, &[]).await?;
+            if a.json {
+                print_json(&v);
+            } else {
+                println!(
+                    "node {} generation {}: {} lines from its installer",
+                    v.node_id,
+                    v.generation,
+                    v.lines.len()
+                );
+                for l in &v.lines {
+                    println!("{} {:7} {}", l.at, l.source, l.line);
+                }
+            }
+        }
+        NodeCmd::Show { node, api: a, .. } => {
             let api = Api::new(&a)?;
             let v: NodeDetail = api
                 .call(Method::GET, &format!("/nodes/{node}"), None, &[])

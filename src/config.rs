@@ -90,6 +90,19 @@ pub struct Wire {
     pub lifecycle: Option<LifecycleWire>,
     pub bmc: Option<BmcWire>,
     pub discovery: Option<DiscoveryWire>,
+    pub syslog: Option<SyslogWire>,
+}
+
+/// `[syslog]`: pxed's receiver for installer logs (issue 11).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyslogWire {
+    pub enabled: Option<bool>,
+    pub address: Option<SocketAddr>,
+    pub lines_per_node: Option<i64>,
+    pub max_connections: Option<i64>,
+    pub idle_timeout: Option<String>,
+    pub max_line: Option<i64>,
 }
 
 /// `[discovery]`: how many unknown netboot clients DHCP may register.
@@ -290,6 +303,25 @@ impl Default for DiscoverySettings {
     }
 }
 
+/// Validated `[syslog]` settings: where installers send their logs (UDP and TCP on one
+/// address) and how much of them pxed keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SyslogSettings {
+    /// Run the receiver (and point the installers at it).
+    pub enabled: bool,
+    /// UDP and TCP address; default `server_ip:514`, or `0.0.0.0:514` without one.
+    pub address: SocketAddr,
+    /// Lines kept per node generation.
+    pub lines_per_node: u32,
+    /// TCP connections open at once.
+    pub max_connections: u32,
+    /// A TCP sender silent for this long is disconnected.
+    #[serde(with = "secs")]
+    pub idle_timeout: Duration,
+    /// Longest message, in bytes.
+    pub max_line: u32,
+}
+
 /// Validated lifecycle settings.
 #[derive(Debug, Clone, Serialize)]
 pub struct LifecycleConfig {
@@ -378,6 +410,7 @@ pub struct Config {
     pub lifecycle: LifecycleConfig,
     pub bmc: BmcSettings,
     pub discovery: DiscoverySettings,
+    pub syslog: SyslogSettings,
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -545,6 +578,12 @@ pub const BOUNDS: &[(&str, Range)] = &[
     // Unenrolled machines kept, and registrations a minute: a rack at once fits.
     ("discovery.max_pending", Range::count(0, 100_000)),
     ("discovery.per_minute", Range::count(1, 100_000)),
+    // Installer lines kept per node generation: a failing d-i says why in its last few.
+    ("syslog.lines_per_node", Range::count(10, 100_000)),
+    ("syslog.max_connections", Range::count(1, 65_536)),
+    ("syslog.idle_timeout", Range::secs(1, DAY)),
+    // RFC 5426 asks receivers to take 2048 bytes; 64 KiB is the largest UDP datagram.
+    ("syslog.max_line", Range::count(480, 65_535)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -766,6 +805,9 @@ fn demo_defaults() -> toml::Table {
         mirror_base = "http://127.0.0.1:8080/images/"
         // Loopback only: the board opens without a token.
         status_public = true
+        // Any free port (logged; the installers are pointed at the real one).
+        [syslog]
+        address = "127.0.0.1:0"
     }
 }
 
@@ -827,6 +869,12 @@ pub const ENV_KEYS: &[&str] = &[
     "bmc.poll_interval",
     "discovery.max_pending",
     "discovery.per_minute",
+    "syslog.enabled",
+    "syslog.address",
+    "syslog.lines_per_node",
+    "syslog.max_connections",
+    "syslog.idle_timeout",
+    "syslog.max_line",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1110,6 +1158,21 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         )?,
         per_minute: count("discovery.per_minute", dw.per_minute, def.per_minute.into())?,
     };
+    let sw = w.syslog.unwrap_or_default();
+    let syslog = SyslogSettings {
+        enabled: sw.enabled.unwrap_or(true),
+        address: sw.address.unwrap_or_else(|| {
+            SocketAddr::new(w.server_ip.unwrap_or(Ipv4Addr::UNSPECIFIED).into(), 514)
+        }),
+        lines_per_node: count("syslog.lines_per_node", sw.lines_per_node, 500)?,
+        max_connections: count("syslog.max_connections", sw.max_connections, 64)?,
+        idle_timeout: duration(
+            "syslog.idle_timeout",
+            sw.idle_timeout.as_deref(),
+            Duration::from_secs(300),
+        )?,
+        max_line: count("syslog.max_line", sw.max_line, 8192)?,
+    };
     let api_token = match (w.api_token, &w.api_token_file) {
         (Some(t), _) => Some(t),
         (None, Some(path)) => Some(
@@ -1172,6 +1235,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         lifecycle,
         bmc,
         discovery,
+        syslog,
     })
 }
 

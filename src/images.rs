@@ -406,13 +406,18 @@ fn check_cmdline(cmdline: &str) -> Result<(), ImageError> {
 /// The installer kernel command line for one node: the image's own arguments, the
 /// install source and generated-config URL for its family, then the consoles (the
 /// serial one last, so the installer's UI lands on it). `config_base` is
-/// `http://<server>/cfg/<token>`; the config files hang below it.
+/// `http://<server>/cfg/<token>`; the config files hang below it. `syslog` is pxed's
+/// syslog receiver as `host:port`: debian-installer (`log_host=`/`log_port=`, with
+/// cdebconf's protocol log so the dialog an install stops at is named) and Anaconda
+/// (`inst.syslog=`) send their logs there; subiquity reports through the autoinstall
+/// `reporting` webhook instead (see the user-data).
 pub fn kernel_cmdline(
     image: &ImageDef,
     arch: Arch,
     mirror_base: &str,
     config_base: &str,
     hostname: &str,
+    syslog: Option<&str>,
 ) -> Result<String, ImageError> {
     let a = image.arch(arch)?;
     let cfg = config_base.trim_end_matches('/');
@@ -422,6 +427,9 @@ pub fn kernel_cmdline(
         Family::Kickstart => {
             args.push(format!("inst.repo={repo}"));
             args.push(format!("inst.ks={cfg}/kickstart"));
+            if let Some(s) = syslog {
+                args.push(format!("inst.syslog={s}"));
+            }
         }
         Family::Autoinstall => {
             args.push(format!("url={repo}"));
@@ -449,6 +457,13 @@ pub fn kernel_cmdline(
             // critical priority before it fetches the preseed: answer "none" here. A
             // DHCP server that hands out name servers skips the question anyway.
             args.push("netcfg/get_nameservers=".into());
+            if let Some((host, port)) = syslog.and_then(|s| s.rsplit_once(':')) {
+                args.push(format!("log_host={host}"));
+                args.push(format!("log_port={port}"));
+                // cdebconf logs its protocol: `INPUT critical <template>` names the
+                // dialog an unattended install would otherwise wait at silently.
+                args.push("DEBCONF_DEBUG=developer".into());
+            }
         }
     }
     args.push("console=tty0".into());
@@ -682,7 +697,16 @@ mod tests {
     fn shipped_catalog_loads() {
         let cat = load_catalog(&catalog_dir()).unwrap();
         let names: Vec<&str> = cat.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["debian-12", "debian-13", "rocky-9", "ubuntu-24.04"]);
+        assert_eq!(
+            names,
+            [
+                "debian-12",
+                "debian-12-installer",
+                "debian-13",
+                "rocky-9",
+                "ubuntu-24.04"
+            ]
+        );
         for d in cat.iter().filter(|d| d.family != Family::Disk) {
             for arch in Arch::ALL {
                 assert!(d.arches.contains_key(&arch), "{} lacks {arch}", d.name);
@@ -789,7 +813,7 @@ repo = "a/"
         let cfg = "http://10.0.0.1/cfg/tok";
         let m = "http://mirror.lab/pub/";
 
-        let ks = kernel_cmdline(get("rocky-9"), Arch::X86_64, m, cfg, "node-1").unwrap();
+        let ks = kernel_cmdline(get("rocky-9"), Arch::X86_64, m, cfg, "node-1", None).unwrap();
         let args: Vec<&str> = ks.split(' ').collect();
         assert!(
             args.contains(&"inst.ks=http://10.0.0.1/cfg/tok/kickstart"),
@@ -798,7 +822,7 @@ repo = "a/"
         assert!(args.contains(&"inst.repo=http://mirror.lab/pub/rocky/9/BaseOS/x86_64/os/"));
         assert_eq!(args.last(), Some(&"console=ttyS0,115200"));
 
-        let ub = kernel_cmdline(get("ubuntu-24.04"), Arch::Arm64, m, cfg, "node-1").unwrap();
+        let ub = kernel_cmdline(get("ubuntu-24.04"), Arch::Arm64, m, cfg, "node-1", None).unwrap();
         let args: Vec<&str> = ub.split(' ').collect();
         assert!(args.contains(&"autoinstall"), "{ub}");
         assert!(
@@ -812,7 +836,7 @@ repo = "a/"
         );
         assert_eq!(args.last(), Some(&"console=ttyAMA0,115200"));
 
-        let pre = kernel_cmdline(get("debian-13"), Arch::X86_64, m, cfg, "node-1").unwrap();
+        let pre = kernel_cmdline(get("debian-13"), Arch::X86_64, m, cfg, "node-1", None).unwrap();
         let args: Vec<&str> = pre.split(' ').collect();
         for want in [
             "auto=true",
@@ -825,16 +849,66 @@ repo = "a/"
     }
 
     #[test]
+    fn cmdlines_point_installers_at_the_syslog_receiver() {
+        let cat = load_catalog(&catalog_dir()).unwrap();
+        let get = |n: &str| cat.iter().find(|d| d.name == n).unwrap();
+        let (cfg, m, s) = (
+            "http://10.0.0.1/cfg/tok",
+            "http://mirror.lab/pub/",
+            Some("10.0.0.1:514"),
+        );
+        let args = |name: &str, arch| {
+            kernel_cmdline(get(name), arch, m, cfg, "node-1", s)
+                .unwrap()
+                .split(' ')
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        let ks = args("rocky-9", Arch::X86_64);
+        assert!(
+            ks.contains(&"inst.syslog=10.0.0.1:514".to_string()),
+            "{ks:?}"
+        );
+        let pre = args("debian-13", Arch::X86_64);
+        for want in [
+            "log_host=10.0.0.1",
+            "log_port=514",
+            "DEBCONF_DEBUG=developer",
+        ] {
+            assert!(
+                pre.contains(&want.to_string()),
+                "{want} missing from {pre:?}"
+            );
+        }
+        let ub = args("ubuntu-24.04", Arch::X86_64);
+        assert!(
+            !ub.iter()
+                .any(|a| a.contains("syslog") || a.starts_with("log_")),
+            "{ub:?}"
+        );
+        // Consoles stay last; without a receiver nothing is added.
+        assert_eq!(
+            pre.last().map(String::as_str),
+            Some(Arch::X86_64.serial_console())
+        );
+        let bare = kernel_cmdline(get("debian-13"), Arch::X86_64, m, cfg, "node-1", None).unwrap();
+        assert!(
+            !bare.contains("log_host") && !bare.contains("DEBCONF_DEBUG"),
+            "{bare}"
+        );
+    }
+
+    #[test]
     fn cmdline_refuses_ipxe_syntax() {
         let mut d = parse_image(GOOD, Path::new("t")).unwrap();
-        let e = kernel_cmdline(&d, Arch::X86_64, "http://m", "http://s/cfg/${x}", "h");
+        let e = kernel_cmdline(&d, Arch::X86_64, "http://m", "http://s/cfg/${x}", "h", None);
         assert!(matches!(e, Err(ImageError::UnsafeCmdline { .. })), "{e:?}");
         d.arches.get_mut(&Arch::X86_64).unwrap().cmdline = "quiet ; reboot".into();
         assert!(matches!(
             validate(&d),
             Err(ImageError::UnsafeCmdline { .. })
         ));
-        let e = kernel_cmdline(&d, Arch::Arm64, "http://m", "http://s/cfg/t", "h");
+        let e = kernel_cmdline(&d, Arch::Arm64, "http://m", "http://s/cfg/t", "h", None);
         assert!(matches!(e, Err(ImageError::NoArch { .. })));
     }
 

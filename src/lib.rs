@@ -26,5 +26,6 @@ pub mod provision;
 pub mod script;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod tftp;
 pub mod wire;

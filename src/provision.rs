@@ -223,13 +223,20 @@ async fn install_action(
     let hostname = node.hostname.clone().unwrap_or_default();
     let mirror = mirror(st, base);
     let config_base = format!("{base}/cfg/{token}");
+    let syslog = syslog_target(st, base);
     let mut arches = Vec::new();
     for arch in Arch::ALL {
         if !img.imported.arches.contains_key(&arch) {
             continue;
         }
-        let cmdline =
-            crate::images::kernel_cmdline(&img.def, arch, &mirror, &config_base, &hostname)?;
+        let cmdline = crate::images::kernel_cmdline(
+            &img.def,
+            arch,
+            &mirror,
+            &config_base,
+            &hostname,
+            syslog.as_deref(),
+        )?;
         for &ipxe_arch in arch.ipxe_buildarches() {
             arches.push(ArchBoot {
                 ipxe_arch,
@@ -244,6 +251,21 @@ async fn install_action(
         return Err(ProvisionError::NoMedia(name.to_string()));
     }
     Ok(Action::Install(arches))
+}
+
+/// pxed's syslog receiver as the installer reaches it, `host:port`: the host of the
+/// URLs the node is given (`base`, `http://host[:port]`) and the port the receiver
+/// listens on. `None` when the receiver does not run.
+fn syslog_target(st: &AppState, base: &str) -> Option<String> {
+    let port = st.telemetry.listening()?.port();
+    let rest = base.split_once("://").map_or(base, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host = match authority.strip_prefix('[') {
+        // An IPv6 literal: `[addr]:port`.
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty()).then(|| format!("{host}:{port}"))
 }
 
 /// The architecture to install on `node`: its own where the image has it, else the

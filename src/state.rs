@@ -52,6 +52,8 @@ pub struct AppState {
     pub subscribers: Arc<tokio::sync::Semaphore>,
     /// HTTP connection limits (from the open-files limit at start).
     pub conn_limits: crate::net::ConnLimits,
+    /// Installer telemetry: counters, the recorder's queue, the syslog address.
+    pub telemetry: Arc<crate::telemetry::Telemetry>,
     /// Refusals already in a node's audit log, by node, generation, event and detail
     /// (which names the call and the addresses): one row each however often a request
     /// is repeated (cleared when full).
@@ -74,13 +76,15 @@ impl AppState {
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
         let store_health: Arc<dyn Render> = store.health();
         let discovery = cfg.discovery;
+        let telemetry = Arc::new(crate::telemetry::Telemetry::default());
+        let telemetry_stats: Arc<dyn Render> = telemetry.stats.clone();
         Arc::new(AppState {
             cfg,
             store,
             lifecycle,
             api_token,
             stats: AppStats::default(),
-            renders: Mutex::new(vec![store_health]),
+            renders: Mutex::new(vec![store_health, telemetry_stats]),
             shutdown: cancel,
             discovery: Discovery::new(discovery),
             conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
@@ -88,6 +92,7 @@ impl AppState {
                 crate::http::status::MAX_SUBSCRIBERS,
             )),
             refusals: Mutex::new(HashSet::new()),
+            telemetry,
         })
     }
 

@@ -415,3 +415,21 @@ pub struct BmcCheck {
     /// What the BMC answered.
     pub report: crate::bmc::CheckReport,
 }
+
+/// One line an installer sent (syslog or reporting webhook), secrets redacted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallLogLine {
+    /// When pxed received it (RFC 3339, UTC).
+    pub at: String,
+    /// `syslog` or `webhook`.
+    pub source: String,
+    pub line: String,
+}
+
+/// `GET /api/v1/nodes/{id}/log`: the last lines of one generation's install, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallLog {
+    pub node_id: i64,
+    pub generation: i64,
+    pub lines: Vec<InstallLogLine>,
+}

@@ -7,7 +7,7 @@
 //!
 //! | call | credential | from |
 //! |---|---|---|
-//! | `GET /cfg/{token}/{file}`, `GET /cb/{token}/deploy`, `POST /cb/{token}/deploy/{facts,progress}`, `POST /cb/{token}/{installed,failure}` | boot token | the address the installer was served to |
+//! | `GET /cfg/{token}/{file}`, `GET /cb/{token}/deploy`, `POST /cb/{token}/deploy/{facts,progress}`, `POST /cb/{token}/{installed,failure,events}` | boot token | the address the installer was served to |
 //! | `POST /cb/{token}/{first-boot,health}` | agent token | anywhere on the VLAN (the installed OS has its own address) |
 //!
 //! In full DHCP mode both also need an address pxed leased to one of the node's MACs,
@@ -40,6 +40,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/cfg/{token}/{file}", get(config))
         .route("/cb/{token}/installed", post(installed))
         .route("/cb/{token}/failure", post(failed))
+        .route("/cb/{token}/events", post(events))
         .route("/cb/{token}/deploy", get(deploy_plan))
         .route("/cb/{token}/deploy/facts", post(deploy_facts))
         .route("/cb/{token}/deploy/progress", post(deploy_progress))
@@ -242,6 +243,30 @@ async fn failed(
         },
     )
     .await
+}
+
+/// `POST /cb/{token}/events`: one curtin / subiquity reporting event (the autoinstall
+/// `reporting` webhook). Stored and recognised like the installer's syslog lines; a
+/// `FAIL` result ends the install.
+async fn events(
+    State(st): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    conn: Conn,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let n = by_token(&st, &token, conn, "events", Kind::Boot).await?;
+    // cloud-init's webhook reporter posts JSON without always saying so: read the body
+    // whatever its content type.
+    let ev: crate::telemetry::CurtinEvent = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("not a reporting event: {e}")))?;
+    st.telemetry.stats.webhook_events.inc();
+    st.telemetry
+        .submit(crate::telemetry::recorder::webhook_line(
+            n.id,
+            n.generation,
+            &ev,
+        ));
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// At most `max` bytes of `s` (on a character boundary), control characters dropped:

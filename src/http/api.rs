@@ -28,6 +28,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/nodes", get(list_nodes).post(create_node))
         .route("/nodes/{id}", get(get_node).delete(delete_node))
         .route("/nodes/{id}/reinstall", post(reinstall))
+        .route("/nodes/{id}/log", get(super::log::node_log))
         .route("/nodes/{id}/actions/{action}", post(action))
         .route("/nodes/{id}/bmc/check", post(bmc_check))
         .route("/images", get(list_images))

@@ -21,6 +21,7 @@ use crate::state::AppState;
 pub mod agent;
 pub mod api;
 pub mod error;
+pub mod log;
 pub mod status;
 
 /// Request bodies larger than this are refused with 413 (callbacks and API are small).
@@ -285,6 +286,15 @@ async fn healthz(State(st): State<Arc<AppState>>) -> Response {
         "listeners: http {}, tftp {}, dhcp {:?}\n",
         st.cfg.http, st.cfg.tftp, st.cfg.dhcp.mode
     ));
+    // Installers are pointed at the receiver only while it listens.
+    match (st.cfg.syslog.enabled, st.telemetry.listening()) {
+        (_, Some(addr)) => body.push_str(&format!("syslog: listening on {addr}\n")),
+        (true, None) => body.push_str(&format!(
+            "syslog: not listening (could not bind {}): installers do not report\n",
+            st.cfg.syslog.address
+        )),
+        (false, None) => body.push_str("syslog: off\n"),
+    }
     body.push_str(&format!(
         "worker: {} deadlines armed\n",
         st.lifecycle.armed_deadlines()

@@ -159,6 +159,7 @@ async fn status_json(
 struct NodePage<'a> {
     n: &'a NodeView,
     events: &'a [EventRow],
+    log: &'a [crate::wire::InstallLogLine],
 }
 
 async fn node_page(
@@ -171,10 +172,12 @@ async fn node_page(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("node {id}")))?;
     let events = st.store.events(id).await?;
+    let log = st.store.install_log(id, row.generation, 50).await?;
     let n = view(&st, row).await?;
     render(NodePage {
         n: &n,
         events: &events,
+        log: &log,
     })
 }
 

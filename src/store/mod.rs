@@ -3,6 +3,7 @@
 //! Queries are checked at compile time against the committed `.sqlx/` cache.
 
 pub mod images;
+pub mod install_log;
 pub mod intents;
 pub mod leases;
 pub mod nodes;

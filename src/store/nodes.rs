@@ -549,7 +549,10 @@ impl<'a> Audit<'a> {
 }
 
 /// Appends one audit row.
-async fn append_event(conn: &mut SqliteConnection, e: &Audit<'_>) -> Result<(), StoreError> {
+pub(super) async fn append_event(
+    conn: &mut SqliteConnection,
+    e: &Audit<'_>,
+) -> Result<(), StoreError> {
     let Audit {
         node_id,
         generation,

@@ -323,6 +323,10 @@ schema = {
       "keyboard": {"type": "object", "required": ["layout"]},
       "timezone": {"type": "string"},
       "refresh-installer": {"type": "object", "properties": {"update": {"type": "boolean"}}},
+      "reporting": {"type": "object", "additionalProperties": {
+          "type": "object", "required": ["type"],
+          "properties": {"type": {"enum": ["print", "rsyslog", "webhook", "none"]},
+                         "endpoint": {"type": "string"}}}},
       "network": {"type": "object", "required": ["version", "ethernets"]},
       "apt": {"type": "object", "properties": {"primary": {"type": "array", "items": {
           "type": "object", "required": ["arches", "uri"],
@@ -370,6 +374,12 @@ fn user_data_validates_and_parses() {
         assert_eq!(ai["identity"]["password"], HASH);
         assert_eq!(ai["ssh"]["authorized-keys"], serde_json::json!([KEY]));
         assert_eq!(ai["timezone"], "Europe/Berlin");
+        // Progress and errors go to pxed's reporting webhook under the boot token.
+        assert_eq!(ai["reporting"]["pxed"]["type"], "webhook");
+        assert_eq!(
+            ai["reporting"]["pxed"]["endpoint"],
+            format!("{}/events", c.callback_base)
+        );
         assert_eq!(
             ai["apt"]["primary"][0]["arches"],
             serde_json::json!([arch.debian()])
@@ -619,7 +629,9 @@ fn cmdline_has_config_url_and_console() {
     let cfg = "http://10.0.0.1/cfg/tok";
     for d in &cat {
         for &arch in d.arches.keys() {
-            let line = images::kernel_cmdline(d, arch, "http://m/pub", cfg, HOST).unwrap();
+            let line =
+                images::kernel_cmdline(d, arch, "http://m/pub", cfg, HOST, Some("10.0.0.1:5514"))
+                    .unwrap();
             let args: Vec<&str> = line.split(' ').collect();
             let want = match d.family {
                 Family::Kickstart => format!("inst.ks={cfg}/kickstart"),
@@ -631,6 +643,20 @@ fn cmdline_has_config_url_and_console() {
                 assert!(args.contains(&"pxed.url=http://10.0.0.1"), "{line}");
             }
             assert!(args.contains(&want.as_str()), "{want} not in {line}");
+            // Each installer is pointed at pxed's syslog receiver (subiquity reports
+            // through the user-data's webhook; pxed's own agent through callbacks).
+            let logs: &[&str] = match d.family {
+                Family::Kickstart => &["inst.syslog=10.0.0.1:5514"],
+                Family::Preseed => &[
+                    "log_host=10.0.0.1",
+                    "log_port=5514",
+                    "DEBCONF_DEBUG=developer",
+                ],
+                Family::Autoinstall | Family::Disk => &[],
+            };
+            for l in logs {
+                assert!(args.contains(l), "{l} not in {line}");
+            }
             assert_eq!(args.last().copied(), Some(arch.serial_console()));
         }
     }

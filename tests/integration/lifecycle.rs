@@ -1258,6 +1258,192 @@ async fn an_agent_failure_fails_the_node_at_once() {
     assert_eq!(s, 403, "the token was revoked with the failure");
 }
 
+/// The autoinstall `reporting` webhook: curtin/subiquity events posted to
+/// `/cb/{token}/events` (JSON, whatever the content type) are stored, milestones go on
+/// the timeline, a `WARN` is not fatal and a `FAIL` ends the install with the event's
+/// text. Only the boot token from the installer's address is accepted.
+#[tokio::test]
+async fn reporting_events_are_stored_and_a_fail_ends_the_install() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let rx = h.st.telemetry.take_receiver().unwrap();
+    let settings = pxed::telemetry::recorder::Settings {
+        flush_every: Duration::from_millis(20),
+        ..Default::default()
+    };
+    tokio::spawn(pxed::telemetry::recorder::run(
+        h.st.clone(),
+        rx,
+        settings,
+        h.cancel.clone(),
+    ));
+    let (id, token) = h.installing("52:54:00:aa:bb:33").await;
+    let post = async |token: &str, body: &str| {
+        h.http
+            .post(format!("{}/cb/{token}/events", h.base))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let event = |kind: &str, name: &str, result: Option<&str>, desc: &str| {
+        let mut e = json!({"name": name, "description": desc, "event_type": kind,
+                           "origin": "curtin", "timestamp": 1_701_400_000.5, "level": "INFO"});
+        if let Some(r) = result {
+            e["result"] = json!(r);
+        }
+        e.to_string()
+    };
+    let start = event(
+        "start",
+        "subiquity/Install/install/partitioning",
+        None,
+        "configuring storage",
+    );
+    assert_eq!(post(&token, &start).await, 204);
+    let warn = event(
+        "finish",
+        "cmd-install/stage-curthooks",
+        Some("WARN"),
+        "an apt source is missing",
+    );
+    assert_eq!(post(&token, &warn).await, 204);
+    assert_eq!(post(&token, "not json").await, 400);
+    assert_eq!(post("not-a-token", &start).await, 403);
+    let log = async || {
+        let (_, v) = h
+            .api(
+                reqwest::Method::GET,
+                &format!("/nodes/{id}/log"),
+                None,
+                None,
+            )
+            .await;
+        let lines: Vec<String> = v["lines"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|l| {
+                format!(
+                    "{} {}",
+                    l["source"].as_str().unwrap(),
+                    l["line"].as_str().unwrap()
+                )
+            })
+            .collect();
+        (lines.len() == 2).then_some(lines)
+    };
+    let lines = poll(Duration::from_secs(10), log)
+        .await
+        .expect("two stored events");
+    assert_eq!(
+        lines,
+        [
+            "webhook curtin: start subiquity/Install/install/partitioning: configuring storage",
+            "webhook curtin: finish cmd-install/stage-curthooks: WARN: an apt source is missing",
+        ]
+    );
+    assert_eq!(audit(&h, id, "installer_partitioning").await.len(), 1);
+    assert_eq!(h.node(id).await["state"], "installing", "WARN is not fatal");
+    let fail = event(
+        "finish",
+        "subiquity/Install/install/curthooks",
+        Some("FAIL"),
+        "configuring installed system",
+    );
+    assert_eq!(post(&token, &fail).await, 204);
+    h.wait_state(id, "failed").await;
+    h.assert_failed(
+        id,
+        "installing",
+        "installing: curtin: finish subiquity/Install/install/curthooks: FAIL: configuring installed system",
+    )
+    .await;
+    // The token went with the failure.
+    assert_eq!(post(&token, &start).await, 403);
+}
+
+/// Anaconda through the receiver, in-process: the served kernel command line carries
+/// `inst.syslog=` with the receiver's real port, lines sent with `logger` from the
+/// installer's address land on the timeline, and the fatal error dialog's text fails
+/// the node at `installing`.
+#[tokio::test(flavor = "multi_thread")]
+async fn anaconda_syslog_reaches_the_timeline_and_fails_the_install() {
+    crate::common::need("logger");
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = udp.local_addr().unwrap();
+    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    h.st.telemetry.set_listening(addr);
+    tokio::spawn(pxed::telemetry::server::serve(
+        udp,
+        tcp,
+        h.st.telemetry.clone(),
+        Default::default(),
+        h.cancel.clone(),
+    ));
+    let settings = pxed::telemetry::recorder::Settings {
+        flush_every: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let rx = h.st.telemetry.take_receiver().unwrap();
+    tokio::spawn(pxed::telemetry::recorder::run(
+        h.st.clone(),
+        rx,
+        settings,
+        h.cancel.clone(),
+    ));
+    let mac = "52:54:00:aa:bb:44";
+    let id = h.reinstalling(mac).await;
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert!(
+        script.contains(&format!("inst.syslog=127.0.0.1:{}", addr.port())),
+        "{script}"
+    );
+    let logger = |tag: &str, msg: &str| {
+        let (ok, out, err) = crate::common::run(
+            std::process::Command::new("logger")
+                .args([
+                    "--server",
+                    "127.0.0.1",
+                    "--port",
+                    &addr.port().to_string(),
+                    "--udp",
+                ])
+                .args(["--rfc3164", "-t", tag, "--", msg]),
+        );
+        assert!(ok, "{out}{err}");
+    };
+    logger(
+        "anaconda",
+        "anaconda.core.kickstart: Parsing kickstart: /run/install/ks.cfg",
+    );
+    logger("anaconda", "Installing libgpg-error-1.42-5.el9.x86_64");
+    let loaded =
+        async || (!audit(&h, id, "installer_config_loaded").await.is_empty()).then_some(());
+    poll(Duration::from_secs(10), loaded)
+        .await
+        .expect("config_loaded on the timeline");
+    assert_eq!(
+        h.node(id).await["state"],
+        "installing",
+        "a package named *error* is not fatal"
+    );
+    logger(
+        "anaconda",
+        "The following error occurred while installing.  This is a fatal error and installation will be aborted.",
+    );
+    h.wait_state(id, "failed").await;
+    h.assert_failed(
+        id,
+        "installing",
+        "installing: anaconda: The following error occurred while installing.  This is a fatal error and installation will be aborted.",
+    )
+    .await;
+}
+
 /// A tmpfs mounted for one test, unmounted (lazily) when dropped.
 struct Tmpfs(PathBuf);
 

@@ -12,4 +12,5 @@ mod lifecycle;
 mod netns;
 mod qemu;
 mod status;
+mod telemetry;
 mod tftp;
