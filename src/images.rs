@@ -700,8 +700,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                "debian-12",
                 "debian-12-installer",
+                "debian-12",
                 "debian-13",
                 "rocky-9",
                 "ubuntu-24.04"
