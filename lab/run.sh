@@ -289,6 +289,43 @@ json.dump([e for e in d["events"] if e["generation"] == g], open(sys.argv[2], "w
 d = json.load(sys.stdin); g = int(sys.argv[1])
 print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "install_finished"))' "$gen")
     case "$(expect "$gen")" in
+      installer)
+        # The installer's own log, as pxed's syslog receiver kept it, must show the
+        # preseed loaded and the MAC-derived hostname preseeded; the node must fail at
+        # installing with a line of that log, within two minutes of it.
+        verdict=$(api GET "/nodes/$id/log" | python3 -c '
+import sys, json, datetime
+log = json.load(sys.stdin)["lines"]; n = json.loads(sys.argv[1]); host, gen = sys.argv[2], int(sys.argv[3])
+t = lambda s: datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+ev = [e for e in n["events"] if e["generation"] == gen]
+names = [e["event"] for e in ev]
+problems = []
+if n["state"] != "failed" or n.get("failed_step") != "installing":
+    problems.append("node is %s at %s" % (n["state"], n.get("failed_step")))
+if not any("preseed: successfully loaded preseed file" in l["line"] for l in log):
+    problems.append("no preseed-loaded line in the installer log")
+if not any(l["line"].endswith("SET netcfg/hostname " + host) for l in log):
+    problems.append("hostname %s not seen preseeded" % host)
+for m in ("installer_kernel_booted", "installer_config_loaded", "install_failed"):
+    if m not in names:
+        problems.append("no %s on the timeline" % m)
+reason = (n.get("failed_reason") or "").split(": ", 1)[-1]
+said = [l for l in log if l["line"] == reason]
+failed = [e for e in ev if e["event"] == "install_failed"]
+if not said:
+    problems.append("the reason is not a line of the installer log: " + reason)
+elif failed:
+    lag = t(failed[-1]["at"]) - t(said[-1]["at"])
+    if lag > 120:
+        problems.append("failed %.0f s after the installer said so" % lag)
+    else:
+        print("ok %.1f" % lag); sys.exit()
+print("; ".join(problems))' "$n" "$want" "$gen")
+        if [ "${verdict%% *}" = ok ]; then
+          PASSES=$((PASSES+1))
+          say "PASS installer: preseed loaded, $want preseeded, failed at installing ${verdict#ok }s after the installer's error: $reason"
+        else say "FAIL installer: $verdict"; FAILED=$((FAILED+1)); diagnose "$id" "$i"; fi
+        continue ;;
       fail-install)
         if [ "$st" = failed ] && [ "$step" = installing ]; then
           PASSES=$((PASSES+1)); say "PASS fault $FAULT: node $id failed at installing in ${took}s: $reason"
