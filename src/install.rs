@@ -468,6 +468,131 @@ mod tests {
         c
     }
 
+    /// Every `scheme://authority` in a text (the authority up to the path, a quote,
+    /// a space or a line end).
+    fn authorities(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("://") {
+            let after = &rest[i + 3..];
+            let end = after
+                .find(|c: char| {
+                    matches!(c, '/' | '\'' | '"' | ']' | ',' | ')') || c.is_whitespace()
+                })
+                .unwrap_or(after.len());
+            let auth = &after[..end];
+            out.push(auth.rsplit('@').next().unwrap_or(auth).to_string());
+            rest = after;
+        }
+        out
+    }
+
+    /// On an isolated network only the mirror and pxed answer: every host a generated
+    /// config names must be one of them, and no installer may fall back on a default
+    /// that reaches out (Debian's security host and NTP pool, Anaconda's NTP pools and
+    /// mirror lists, Subiquity's geoip lookup and Ubuntu archives).
+    #[test]
+    fn configs_reach_only_the_mirror_and_pxed() {
+        let cat = catalog();
+        let allowed = ["mirror.lab:8080", "10.0.0.1"];
+        let outside = [
+            "debian.org",
+            "ubuntu.com",
+            "rockylinux.org",
+            "fedoraproject.org",
+            "pool.ntp",
+            "mirrorlist",
+            "metalink",
+            "geoip: true",
+            "cdrom",
+        ];
+        for arch in Arch::ALL {
+            for (name, render) in [
+                ("debian-13", render_preseed as fn(&InstallContext<'_>) -> _),
+                ("debian-12-installer", render_preseed),
+                ("rocky-9", render_kickstart),
+                ("ubuntu-24.04", render_user_data),
+            ] {
+                let c = ctx(&cat, name, arch);
+                let text = render(&c).unwrap();
+                let hosts = authorities(&text);
+                assert!(!hosts.is_empty(), "{name} {arch}: no URL at all?");
+                for h in &hosts {
+                    assert!(allowed.contains(&h.as_str()), "{name} {arch}: {h}\n{text}");
+                }
+                for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+                    for word in outside {
+                        // `cdrom/set-first false` and `disable-cdrom-entries true`
+                        // turn the cdrom source off; any other mention would use it.
+                        let off = line.contains("apt-setup/cdrom/set-first boolean false")
+                            || line.contains("apt-setup/disable-cdrom-entries boolean true");
+                        assert!(
+                            off || !line.contains(word),
+                            "{name} {arch}: {word} in {line}"
+                        );
+                    }
+                }
+                let has = |l: &str| text.lines().any(|x| x.trim_end() == l);
+                match c.image.family {
+                    Family::Preseed => {
+                        // Explicit host questions (the mirror's, `*_host`, the NTP
+                        // server; `netcfg/hostname` is the node's own), then the
+                        // defaults that would reach security.debian.org and the NTP pool.
+                        for l in text.lines().filter(|l| l.starts_with("d-i ")) {
+                            let f: Vec<&str> = l.splitn(4, ' ').collect();
+                            if f.len() == 4
+                                && ((f[1].starts_with("mirror/") && f[1].ends_with("/hostname"))
+                                    || f[1].ends_with("_host")
+                                    || f[1].ends_with("ntp-server"))
+                            {
+                                assert!(allowed.contains(&f[3]), "{name} {arch}: {l}");
+                            }
+                        }
+                        assert!(has("d-i apt-setup/services-select multiselect"), "{text}");
+                        assert!(has("d-i clock-setup/ntp boolean false"), "{text}");
+                        assert!(has("d-i apt-setup/disable-cdrom-entries boolean true"));
+                        assert!(has("d-i pkgsel/update-policy select none"));
+                        assert!(has(
+                            "popularity-contest popularity-contest/participate boolean false"
+                        ));
+                    }
+                    Family::Kickstart => {
+                        for l in text.lines() {
+                            let w = l.split_whitespace().next().unwrap_or("");
+                            if matches!(w, "url" | "repo") {
+                                assert!(
+                                    l.contains("--url=http://mirror.lab:8080/")
+                                        || l.contains("--baseurl=http://mirror.lab:8080/"),
+                                    "{name} {arch}: {l}"
+                                );
+                            }
+                        }
+                        assert!(has("timesource --ntp-disable"), "{text}");
+                    }
+                    Family::Autoinstall => {
+                        for l in [
+                            "    geoip: false",
+                            "    fallback: offline-install",
+                            "    disable_suites: [security, updates, backports, proposed]",
+                            "  refresh-installer:",
+                            "    update: false",
+                        ] {
+                            assert!(has(l), "{name} {arch}: no {l:?}\n{text}");
+                        }
+                        let archive = c.extra_repos["archive"].clone();
+                        assert_eq!(
+                            text.matches(&format!("        uri: {}", json(&archive)))
+                                .count(),
+                            2,
+                            "primary and security at the mirror: {text}"
+                        );
+                    }
+                    Family::Disk => unreachable!(),
+                }
+            }
+        }
+    }
+
     #[test]
     fn base64_matches_rfc4648() {
         for (i, o) in [
