@@ -785,6 +785,8 @@ pub struct Checked {
     pub any_of: Vec<Vec<String>>,
     /// Whether some alternative is complete on the mirror.
     pub present: bool,
+    /// The URLs of the alternative the mirror has (empty when it has none).
+    pub found: Vec<String>,
     /// Of the alternative closest to complete (else the first), the URLs the mirror
     /// lacks: what to name.
     pub missing: Vec<String>,
@@ -794,8 +796,7 @@ impl std::fmt::Display for Checked {
     /// `ok <url>` or `MISSING <url>`, with the alternatives after `or`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.present {
-            let first = self.any_of.first().map(|g| g.join(" + "));
-            write!(f, "ok {}", first.unwrap_or_default())
+            write!(f, "ok {}", self.found.join(" + "))
         } else {
             write!(f, "MISSING {}", self.missing.join(" + "))?;
             let others: Vec<String> = self
@@ -865,6 +866,7 @@ pub async fn check_mirror(
                 .map(|g| g.iter().map(|p| mirror_url(mirror_base, p)).collect())
                 .collect();
             let mut present = false;
+            let mut found = Vec::new();
             let mut missing: Vec<String> = Vec::new();
             let mut best = (true, usize::MAX);
             for group in &any_of {
@@ -876,6 +878,7 @@ pub async fn check_mirror(
                 }
                 if lacks.is_empty() {
                     present = true;
+                    found = group.clone();
                     missing.clear();
                     break;
                 }
@@ -891,6 +894,7 @@ pub async fn check_mirror(
                 arch,
                 any_of,
                 present,
+                found,
                 missing,
             });
         }

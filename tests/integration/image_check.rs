@@ -122,6 +122,14 @@ fn debian_mirror_complete_then_each_piece_missing() {
     let (ok, out, err) = check(plain, &["debian-12-installer", "--arch", "arm64"]);
     assert!(ok, "{out}{err}");
     assert!(out.lines().all(|l| l.starts_with("arm64 ok ")), "{out}");
+    // What was found is named, not the first alternative.
+    let d_plain = format!("{plain}/debian/dists/bookworm");
+    for want in [
+        format!("arm64 ok {d_plain}/Release + {d_plain}/Release.gpg"),
+        format!("arm64 ok {d_plain}/main/i18n/Translation-en"),
+    ] {
+        assert!(out.lines().any(|l| l == want), "{want} not in\n{out}");
+    }
 
     // The same mirror over HTTP.
     let (url, _server) = serve(root);
