@@ -1231,6 +1231,44 @@ repo = "a/"
         assert!(matches!(e, Err(ImageError::NoArch { .. })), "{e:?}");
     }
 
+    /// Over HTTP: a server that refuses HEAD is asked with GET; a 404 is missing; a
+    /// server nothing answers at is an error, not a list of missing files.
+    #[tokio::test]
+    async fn check_over_http_falls_back_to_get() {
+        use axum::http::{Method, StatusCode, Uri};
+        async fn serve(method: Method, uri: Uri) -> StatusCode {
+            match (method, uri.path()) {
+                (Method::HEAD, _) => StatusCode::METHOD_NOT_ALLOWED,
+                (_, "/a/vmlinuz" | "/a/initrd.img" | "/a/os/.treeinfo") => StatusCode::OK,
+                _ => StatusCode::NOT_FOUND,
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/", listener.local_addr().unwrap());
+        let app = axum::Router::new().fallback(serve);
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut d = parse_image(GOOD, Path::new("t")).unwrap();
+        d.arches.get_mut(&Arch::X86_64).unwrap().repo = "a/os/".into();
+        let got = check_mirror(&d, None, &base).await.unwrap();
+        let lines: Vec<String> = got.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            lines,
+            [
+                format!("ok {base}a/vmlinuz"),
+                format!("ok {base}a/initrd.img"),
+                format!("ok {base}a/os/.treeinfo"),
+                format!("MISSING {base}a/os/repodata/repomd.xml"),
+            ]
+        );
+        server.abort();
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}/", l.local_addr().unwrap())
+        };
+        let e = check_mirror(&d, None, &closed).await;
+        assert!(matches!(e, Err(ImageError::Fetch { .. })), "{e:?}");
+    }
+
     #[test]
     fn mirror_urls() {
         assert_eq!(mirror_url("http://m/x/", "/a/b"), "http://m/x/a/b");
