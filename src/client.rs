@@ -97,7 +97,7 @@ pub enum NodeCmd {
 /// `pxed image ...`.
 #[derive(Subcommand, Debug)]
 pub enum ImageCmd {
-    /// Import an image from the catalog (downloads and checks each file's SHA-256).
+    /// Import an image from the catalog (checks the mirror, downloads, checks SHA-256s).
     Add {
         /// Catalog name (e.g. rocky-9) or path of a definition file.
         image: String,
@@ -111,8 +111,10 @@ pub enum ImageCmd {
         #[command(flatten)]
         server: ServerArgs,
     },
-    /// Check that mirror_base has everything the image's installer will fetch; prints
-    /// `ok <url>` or `MISSING <url>` per item and fails when anything is missing.
+    /// Check that mirror_base has everything the image's installer will fetch.
+    ///
+    /// Prints `<arch> ok <url>` or `<arch> MISSING <url>` per item and exits non-zero
+    /// when anything is missing.
     Check {
         /// Catalog name (e.g. debian-12-installer) or path of a definition file.
         image: String,
