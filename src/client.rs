@@ -97,12 +97,28 @@ pub enum NodeCmd {
 /// `pxed image ...`.
 #[derive(Subcommand, Debug)]
 pub enum ImageCmd {
-    /// Import an image from the catalog (downloads and checks each file's SHA-256).
+    /// Import an image from the catalog (checks the mirror, downloads, checks SHA-256s).
     Add {
         /// Catalog name (e.g. rocky-9) or path of a definition file.
         image: String,
         /// Import only this architecture (x86_64 or arm64); by default every one the
         /// entry lists must be on the mirror.
+        #[arg(long)]
+        arch: Option<crate::model::Arch>,
+        /// Import even when the mirror lacks what the installer needs (see `check`).
+        #[arg(long)]
+        no_check: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Check that mirror_base has everything the image's installer will fetch.
+    ///
+    /// Prints `<arch> ok <url>` or `<arch> MISSING <url>` per item and exits non-zero
+    /// when anything is missing.
+    Check {
+        /// Catalog name (e.g. debian-12-installer) or path of a definition file.
+        image: String,
+        /// Check only this architecture.
         #[arg(long)]
         arch: Option<crate::model::Arch>,
         #[command(flatten)]
@@ -516,18 +532,47 @@ pub fn run_image(cmd: ImageCmd) -> ExitCode {
 
 async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
     let server = match &cmd {
-        ImageCmd::Add { server, .. } | ImageCmd::List { server } | ImageCmd::Rm { server, .. } => {
-            server
-        }
+        ImageCmd::Add { server, .. }
+        | ImageCmd::Check { server, .. }
+        | ImageCmd::List { server }
+        | ImageCmd::Rm { server, .. } => server,
     };
     let cfg = server
         .load()
         .map_err(|e| ClientError::Other(e.to_string()))?;
+    let mirror_base = || {
+        cfg.mirror_base.clone().ok_or_else(|| {
+            ClientError::Other("set mirror_base in the config (the local OS mirror)".into())
+        })
+    };
+    if let ImageCmd::Check { image, arch, .. } = &cmd {
+        let def = find_image(&cfg.images_catalog, image)?;
+        crate::net::install_crypto_provider();
+        let checked = crate::images::check_mirror(&def, *arch, &mirror_base()?)
+            .await
+            .map_err(|e| ClientError::Other(e.to_string()))?;
+        for c in &checked {
+            println!("{} {c}", c.arch);
+        }
+        let missing = checked.iter().filter(|c| !c.present).count();
+        if missing > 0 {
+            return Err(ClientError::Other(format!(
+                "the mirror lacks {missing} item(s) that {} needs",
+                def.name
+            )));
+        }
+        return Ok(());
+    }
     let store = crate::store::Store::open(&cfg.data_dir)
         .await
         .map_err(|e| ClientError::Other(e.to_string()))?;
     match cmd {
-        ImageCmd::Add { image, arch, .. } => {
+        ImageCmd::Add {
+            image,
+            arch,
+            no_check,
+            ..
+        } => {
             let mut def = find_image(&cfg.images_catalog, &image)?;
             if let Some(arch) = arch {
                 if !def.arches.contains_key(&arch) {
@@ -540,10 +585,26 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
                 }
                 def.arches.retain(|a, _| *a == arch);
             }
-            let mirror = cfg.mirror_base.clone().ok_or_else(|| {
-                ClientError::Other("set mirror_base in the config (the local OS mirror)".into())
-            })?;
+            let mirror = mirror_base()?;
             crate::net::install_crypto_provider();
+            if !no_check {
+                let checked = crate::images::check_mirror(&def, None, &mirror)
+                    .await
+                    .map_err(|e| ClientError::Other(e.to_string()))?;
+                let missing: Vec<String> = checked
+                    .iter()
+                    .filter(|c| !c.present)
+                    .map(|c| format!("  {} {c}", c.arch))
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(ClientError::Other(format!(
+                        "not importing {}: the mirror lacks what its installer needs \
+                         (--no-check to import anyway):\n{}",
+                        def.name,
+                        missing.join("\n")
+                    )));
+                }
+            }
             let imported = crate::images::import(&def, &mirror, &cfg.images_dir)
                 .await
                 .map_err(|e| ClientError::Other(e.to_string()))?;
@@ -568,6 +629,7 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
                 }
             }
         }
+        ImageCmd::Check { .. } => unreachable!("handled before the store is opened"),
         ImageCmd::List { .. } => {
             let rows = store
                 .images()

@@ -685,6 +685,223 @@ pub async fn import(
     })
 }
 
+/// One thing an installer will fetch from the mirror: present when every path of any
+/// one of `any_of` is (Debian's `InRelease`, or `Release` with `Release.gpg`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Required {
+    /// Alternatives, each a set of paths relative to the mirror base.
+    pub any_of: Vec<Vec<String>>,
+}
+
+impl Required {
+    fn one(path: String) -> Required {
+        Required {
+            any_of: vec![vec![path]],
+        }
+    }
+
+    fn either(paths: impl IntoIterator<Item = String>) -> Required {
+        Required {
+            any_of: paths.into_iter().map(|p| vec![p]).collect(),
+        }
+    }
+}
+
+/// The Debian suite a catalog path names (`.../dists/<suite>/...`).
+fn debian_suite(path: &str) -> Option<&str> {
+    let mut segs = path.split('/');
+    segs.find(|s| *s == "dists")?;
+    segs.next().filter(|s| !s.is_empty())
+}
+
+/// What the installer of `def` will ask the mirror for on `arch`, in the order it asks:
+/// pure, so the list per family is unit-tested and the checker only looks paths up.
+pub fn required_paths(def: &ImageDef, arch: Arch) -> Result<Vec<Required>, ImageError> {
+    let a = def.arch(arch)?;
+    let mut out = vec![
+        Required::one(a.kernel.clone()),
+        Required::one(a.initrd.clone()),
+    ];
+    let repo = |rel: &str| format!("{}/{rel}", a.repo.trim_end_matches('/'));
+    match def.family {
+        Family::Preseed => {
+            let suite = debian_suite(&a.kernel).ok_or_else(|| {
+                invalid(
+                    &def.name,
+                    format!("arches.{arch}.kernel"),
+                    "names no dists/<suite>/ to check the archive against",
+                )
+            })?;
+            let d = |rel: &str| repo(&format!("dists/{suite}/{rel}"));
+            let da = arch.debian();
+            out.push(Required {
+                any_of: vec![vec![d("InRelease")], vec![d("Release"), d("Release.gpg")]],
+            });
+            // choose-mirror checks this file before it accepts the mirror.
+            out.push(Required::one(d(&format!("main/binary-{da}/Release"))));
+            // debootstrap and apt in the target read the package index.
+            out.push(Required::either(
+                [".gz", ".xz"].map(|x| d(&format!("main/binary-{da}/Packages{x}"))),
+            ));
+            // anna loads installer components (udebs) from here.
+            out.push(Required::either([".gz", ".xz"].map(|x| {
+                d(&format!("main/debian-installer/binary-{da}/Packages{x}"))
+            })));
+            // apt-get update in the target fails without the English translations.
+            out.push(Required::either(
+                [".bz2", ".xz", ".gz", ""].map(|x| d(&format!("main/i18n/Translation-en{x}"))),
+            ));
+        }
+        Family::Kickstart => {
+            out.push(Required::one(repo(".treeinfo")));
+            out.push(Required::one(repo("repodata/repomd.xml")));
+            for r in a.extra_repos.values() {
+                out.push(Required::one(format!(
+                    "{}/repodata/repomd.xml",
+                    r.trim_end_matches('/')
+                )));
+            }
+        }
+        // casper fetches the live-server ISO from `url=` (the entry's `repo`).
+        Family::Autoinstall => out.push(Required::one(a.repo.clone())),
+        Family::Disk => {
+            if let Some(m) = &a.disk_manifest {
+                out.push(Required::one(m.clone()));
+            }
+            if let Some(d) = &a.disk {
+                out.push(Required::one(d.clone()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One checked requirement: its URLs (alternatives) and whether the mirror has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// The architecture it belongs to.
+    pub arch: Arch,
+    /// Full URLs per alternative, as [`Required::any_of`].
+    pub any_of: Vec<Vec<String>>,
+    /// Whether some alternative is complete on the mirror.
+    pub present: bool,
+    /// The URLs of the alternative the mirror has (empty when it has none).
+    pub found: Vec<String>,
+    /// Of the alternative closest to complete (else the first), the URLs the mirror
+    /// lacks: what to name.
+    pub missing: Vec<String>,
+}
+
+impl std::fmt::Display for Checked {
+    /// `ok <url>` or `MISSING <url>`, with the alternatives after `or`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.present {
+            write!(f, "ok {}", self.found.join(" + "))
+        } else {
+            write!(f, "MISSING {}", self.missing.join(" + "))?;
+            let others: Vec<String> = self
+                .any_of
+                .iter()
+                .filter(|g| !self.missing.iter().any(|m| g.contains(m)))
+                .map(|g| g.join(" + "))
+                .collect();
+            if !others.is_empty() {
+                write!(f, " (or {})", others.join(" or "))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Whether `url` exists: a HEAD (then a GET, for servers that refuse HEAD) answered
+/// 2xx, or a regular file. An unreachable server is an error, not a missing file.
+async fn exists(client: &reqwest::Client, url: &str) -> Result<bool, ImageError> {
+    match source_for(url)? {
+        Source::Http(u) => {
+            let fetch = |source| ImageError::Fetch {
+                url: u.clone(),
+                source,
+            };
+            let resp = client.head(&u).send().await.map_err(fetch)?;
+            if resp.status().is_success() {
+                return Ok(true);
+            }
+            if !matches!(resp.status().as_u16(), 405 | 501) {
+                return Ok(false);
+            }
+            let resp = client.get(&u).send().await.map_err(fetch)?;
+            Ok(resp.status().is_success())
+        }
+        Source::File(p) => Ok(tokio::fs::metadata(&p).await.is_ok_and(|m| m.is_file())),
+    }
+}
+
+/// Checks that `mirror_base` holds everything [`required_paths`] lists for each
+/// architecture of `def` (only `arch` when given); an item several architectures
+/// share is checked, and listed, once (under the first).
+pub async fn check_mirror(
+    def: &ImageDef,
+    arch: Option<Arch>,
+    mirror_base: &str,
+) -> Result<Vec<Checked>, ImageError> {
+    let client = http_client()?;
+    let arches: Vec<Arch> = match arch {
+        Some(a) => {
+            def.arch(a)?;
+            vec![a]
+        }
+        None => def.arches.keys().copied().collect(),
+    };
+    let mut out = Vec::new();
+    // The release file and translations serve every architecture: check them once.
+    let mut seen = std::collections::BTreeSet::new();
+    for arch in arches {
+        for req in required_paths(def, arch)? {
+            if !seen.insert(req.any_of.clone()) {
+                continue;
+            }
+            let any_of: Vec<Vec<String>> = req
+                .any_of
+                .iter()
+                .map(|g| g.iter().map(|p| mirror_url(mirror_base, p)).collect())
+                .collect();
+            let mut present = false;
+            let mut found = Vec::new();
+            let mut missing: Vec<String> = Vec::new();
+            let mut best = (true, usize::MAX);
+            for group in &any_of {
+                let mut lacks = Vec::new();
+                for url in group {
+                    if !exists(&client, url).await? {
+                        lacks.push(url.clone());
+                    }
+                }
+                if lacks.is_empty() {
+                    present = true;
+                    found = group.clone();
+                    missing.clear();
+                    break;
+                }
+                // Name the alternative closest to complete: `Release.gpg` when only
+                // the signature is missing, not `InRelease`.
+                let score = (lacks.len() == group.len(), lacks.len());
+                if score < best {
+                    best = score;
+                    missing = lacks;
+                }
+            }
+            out.push(Checked {
+                arch,
+                any_of,
+                present,
+                found,
+                missing,
+            });
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -910,6 +1127,146 @@ repo = "a/"
         ));
         let e = kernel_cmdline(&d, Arch::Arm64, "http://m", "http://s/cfg/t", "h", None);
         assert!(matches!(e, Err(ImageError::NoArch { .. })));
+    }
+
+    #[test]
+    fn required_paths_per_family() {
+        let cat = load_catalog(&catalog_dir()).unwrap();
+        let get = |n: &str| cat.iter().find(|d| d.name == n).unwrap();
+        let flat = |name: &str, arch| -> Vec<String> {
+            required_paths(get(name), arch)
+                .unwrap()
+                .into_iter()
+                .map(|r| {
+                    r.any_of
+                        .iter()
+                        .map(|g| g.join("+"))
+                        .collect::<Vec<_>>()
+                        .join("|")
+                })
+                .collect()
+        };
+        let deb = flat("debian-12-installer", Arch::Arm64);
+        let d = "debian/dists/bookworm";
+        assert_eq!(
+            deb[2..],
+            [
+                format!("{d}/InRelease|{d}/Release+{d}/Release.gpg"),
+                format!("{d}/main/binary-arm64/Release"),
+                format!("{d}/main/binary-arm64/Packages.gz|{d}/main/binary-arm64/Packages.xz"),
+                format!(
+                    "{d}/main/debian-installer/binary-arm64/Packages.gz|\
+                     {d}/main/debian-installer/binary-arm64/Packages.xz"
+                ),
+                format!(
+                    "{d}/main/i18n/Translation-en.bz2|{d}/main/i18n/Translation-en.xz|\
+                     {d}/main/i18n/Translation-en.gz|{d}/main/i18n/Translation-en"
+                ),
+            ]
+        );
+        assert!(deb[0].ends_with("/arm64/linux") && deb[1].ends_with("/arm64/initrd.gz"));
+
+        let r = "rocky/9/BaseOS/x86_64/os";
+        assert_eq!(
+            flat("rocky-9", Arch::X86_64),
+            [
+                format!("{r}/images/pxeboot/vmlinuz"),
+                format!("{r}/images/pxeboot/initrd.img"),
+                format!("{r}/.treeinfo"),
+                format!("{r}/repodata/repomd.xml"),
+                "rocky/9/AppStream/x86_64/os/repodata/repomd.xml".to_string(),
+            ]
+        );
+        let ub = flat("ubuntu-24.04", Arch::X86_64);
+        assert_eq!(ub.len(), 3);
+        assert!(
+            ub[2].ends_with("ubuntu-24.04.3-live-server-amd64.iso"),
+            "{ub:?}"
+        );
+        assert_eq!(
+            flat("debian-12", Arch::X86_64),
+            [
+                "deploy-amd64/kernel",
+                "deploy-amd64/initrd",
+                "debian-12-amd64.json",
+                "debian-12-amd64.raw.zst"
+            ]
+        );
+        // A preseed entry whose kernel names no suite cannot be checked.
+        let mut bad = get("debian-13").clone();
+        bad.arches.get_mut(&Arch::X86_64).unwrap().kernel = "linux".into();
+        assert!(matches!(
+            required_paths(&bad, Arch::X86_64),
+            Err(ImageError::Invalid { .. })
+        ));
+        assert!(matches!(
+            required_paths(get("debian-12"), Arch::Arm64),
+            Err(ImageError::NoArch { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn check_names_what_the_mirror_lacks() {
+        let mirror = tempfile::tempdir().unwrap();
+        let mut d = parse_image(GOOD, Path::new("t")).unwrap();
+        d.arches.get_mut(&Arch::X86_64).unwrap().repo = "a/os/".into();
+        for f in ["a/vmlinuz", "a/initrd.img", "a/os/.treeinfo"] {
+            let p = mirror.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+        let base = mirror.path().to_str().unwrap();
+        let got = check_mirror(&d, None, base).await.unwrap();
+        let lines: Vec<String> = got.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            lines,
+            [
+                format!("ok {base}/a/vmlinuz"),
+                format!("ok {base}/a/initrd.img"),
+                format!("ok {base}/a/os/.treeinfo"),
+                format!("MISSING {base}/a/os/repodata/repomd.xml"),
+            ]
+        );
+        let e = check_mirror(&d, Some(Arch::Arm64), base).await;
+        assert!(matches!(e, Err(ImageError::NoArch { .. })), "{e:?}");
+    }
+
+    /// Over HTTP: a server that refuses HEAD is asked with GET; a 404 is missing; a
+    /// server nothing answers at is an error, not a list of missing files.
+    #[tokio::test]
+    async fn check_over_http_falls_back_to_get() {
+        use axum::http::{Method, StatusCode, Uri};
+        async fn serve(method: Method, uri: Uri) -> StatusCode {
+            match (method, uri.path()) {
+                (Method::HEAD, _) => StatusCode::METHOD_NOT_ALLOWED,
+                (_, "/a/vmlinuz" | "/a/initrd.img" | "/a/os/.treeinfo") => StatusCode::OK,
+                _ => StatusCode::NOT_FOUND,
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/", listener.local_addr().unwrap());
+        let app = axum::Router::new().fallback(serve);
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut d = parse_image(GOOD, Path::new("t")).unwrap();
+        d.arches.get_mut(&Arch::X86_64).unwrap().repo = "a/os/".into();
+        let got = check_mirror(&d, None, &base).await.unwrap();
+        let lines: Vec<String> = got.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            lines,
+            [
+                format!("ok {base}a/vmlinuz"),
+                format!("ok {base}a/initrd.img"),
+                format!("ok {base}a/os/.treeinfo"),
+                format!("MISSING {base}a/os/repodata/repomd.xml"),
+            ]
+        );
+        server.abort();
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}/", l.local_addr().unwrap())
+        };
+        let e = check_mirror(&d, None, &closed).await;
+        assert!(matches!(e, Err(ImageError::Fetch { .. })), "{e:?}");
     }
 
     #[test]

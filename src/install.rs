@@ -112,6 +112,19 @@ pub const AGENT_SCRIPT_PATH: &str = "/usr/local/sbin/pxed-firstboot";
 /// The agent's unit file on the installed system.
 pub const AGENT_UNIT_PATH: &str = "/etc/systemd/system/pxed-firstboot.service";
 
+/// pxed's OpenSSH policy on every installed system, whatever the family: the
+/// operators' keys (config, image) are the way in. `01-` sorts before the distribution's
+/// own drop-ins (`50-redhat.conf`, `50-cloud-init.conf`) and sshd keeps the first value
+/// it reads, so this one wins.
+pub const SSHD_POLICY_PATH: &str = "/etc/ssh/sshd_config.d/01-pxed.conf";
+/// The policy: root by key only, no password logins at all (a root password, when
+/// configured, is for the console).
+pub const SSHD_POLICY: &str = "# pxed: keys only; a root password is for the console.
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+";
+
 #[derive(Template)]
 #[template(path = "firstboot/pxed-firstboot.sh", escape = "none")]
 struct AgentScript<'a> {
@@ -277,6 +290,8 @@ fn b64(s: &str) -> String {
 struct Kickstart<'a> {
     c: &'a InstallContext<'a>,
     agent: FirstBootFiles,
+    sshd_path: &'static str,
+    sshd_policy: &'static str,
     arm64: bool,
     console: &'static str,
     installed_json: String,
@@ -289,6 +304,8 @@ pub fn render_kickstart(ctx: &InstallContext<'_>) -> Result<String, InstallError
         Kickstart {
             c: ctx,
             agent: firstboot_files(ctx)?,
+            sshd_path: SSHD_POLICY_PATH,
+            sshd_policy: SSHD_POLICY.trim_end(),
             arm64: ctx.arch == Arch::Arm64,
             console: ctx.arch.serial_console(),
             installed_json: installed_json(ctx),
@@ -302,6 +319,8 @@ pub fn render_kickstart(ctx: &InstallContext<'_>) -> Result<String, InstallError
 struct UserData<'a> {
     c: &'a InstallContext<'a>,
     agent: FirstBootFiles,
+    sshd_path: &'static str,
+    sshd_policy: &'static str,
     arm64: bool,
     debian_arch: &'static str,
     archive_json: Option<String>,
@@ -320,6 +339,8 @@ pub fn render_user_data(ctx: &InstallContext<'_>) -> Result<String, InstallError
         UserData {
             c: ctx,
             agent: firstboot_files(ctx)?,
+            sshd_path: SSHD_POLICY_PATH,
+            sshd_policy: SSHD_POLICY.trim_end(),
             arm64: ctx.arch == Arch::Arm64,
             debian_arch: ctx.arch.debian(),
             archive_json: ctx.extra_repos.get("archive").map(|u| json(u)),
@@ -397,6 +418,8 @@ struct Preseed<'a> {
     root_hash: &'a str,
     script_b64: String,
     unit_b64: String,
+    sshd_path: &'static str,
+    sshd_b64: String,
     ssh_keys_b64: Option<String>,
     installed_json: String,
 }
@@ -420,6 +443,8 @@ pub fn render_preseed(ctx: &InstallContext<'_>) -> Result<String, InstallError> 
             root_hash: ctx.root_password_hash.as_deref().unwrap_or("!"),
             script_b64: b64(&format!("{}\n", agent.script)),
             unit_b64: b64(&format!("{}\n", agent.unit)),
+            sshd_path: SSHD_POLICY_PATH,
+            sshd_b64: b64(SSHD_POLICY),
             ssh_keys_b64: (!keys.is_empty()).then(|| b64(&keys)),
             installed_json: installed_json(ctx),
         }
@@ -466,6 +491,191 @@ mod tests {
         .unwrap();
         c.ssh_authorized_keys = vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE0 ops@lab".into()];
         c
+    }
+
+    /// Every `scheme://authority` in a text (the authority up to the path, a quote,
+    /// a space or a line end).
+    fn authorities(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("://") {
+            let after = &rest[i + 3..];
+            let end = after
+                .find(|c: char| {
+                    matches!(c, '/' | '\'' | '"' | ']' | ',' | ')') || c.is_whitespace()
+                })
+                .unwrap_or(after.len());
+            let auth = &after[..end];
+            out.push(auth.rsplit('@').next().unwrap_or(auth).to_string());
+            rest = after;
+        }
+        out
+    }
+
+    /// On an isolated network only the mirror and pxed answer: every host a generated
+    /// config names must be one of them, and no installer may fall back on a default
+    /// that reaches out (Debian's security host and NTP pool, Anaconda's NTP pools and
+    /// mirror lists, Subiquity's geoip lookup and Ubuntu archives).
+    #[test]
+    fn configs_reach_only_the_mirror_and_pxed() {
+        let cat = catalog();
+        let allowed = ["mirror.lab:8080", "10.0.0.1"];
+        let outside = [
+            "debian.org",
+            "ubuntu.com",
+            "rockylinux.org",
+            "fedoraproject.org",
+            "pool.ntp",
+            "mirrorlist",
+            "metalink",
+            "geoip: true",
+            "cdrom",
+        ];
+        for arch in Arch::ALL {
+            for (name, render) in [
+                ("debian-13", render_preseed as fn(&InstallContext<'_>) -> _),
+                ("debian-12-installer", render_preseed),
+                ("rocky-9", render_kickstart),
+                ("ubuntu-24.04", render_user_data),
+            ] {
+                let c = ctx(&cat, name, arch);
+                let text = render(&c).unwrap();
+                let hosts = authorities(&text);
+                assert!(!hosts.is_empty(), "{name} {arch}: no URL at all?");
+                for h in &hosts {
+                    assert!(allowed.contains(&h.as_str()), "{name} {arch}: {h}\n{text}");
+                }
+                for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+                    for word in outside {
+                        // `cdrom/set-first false` and `disable-cdrom-entries true`
+                        // turn the cdrom source off; any other mention would use it.
+                        let off = line.contains("apt-setup/cdrom/set-first boolean false")
+                            || line.contains("apt-setup/disable-cdrom-entries boolean true");
+                        assert!(
+                            off || !line.contains(word),
+                            "{name} {arch}: {word} in {line}"
+                        );
+                    }
+                }
+                let has = |l: &str| text.lines().any(|x| x.trim_end() == l);
+                match c.image.family {
+                    Family::Preseed => {
+                        // Explicit host questions (the mirror's, `*_host`, the NTP
+                        // server; `netcfg/hostname` is the node's own), then the
+                        // defaults that would reach security.debian.org and the NTP pool.
+                        for l in text.lines().filter(|l| l.starts_with("d-i ")) {
+                            let f: Vec<&str> = l.splitn(4, ' ').collect();
+                            if f.len() == 4
+                                && ((f[1].starts_with("mirror/") && f[1].ends_with("/hostname"))
+                                    || f[1].ends_with("_host")
+                                    || f[1].ends_with("ntp-server"))
+                            {
+                                assert!(allowed.contains(&f[3]), "{name} {arch}: {l}");
+                            }
+                        }
+                        assert!(has("d-i apt-setup/services-select multiselect"), "{text}");
+                        assert!(has("d-i clock-setup/ntp boolean false"), "{text}");
+                        assert!(has("d-i apt-setup/disable-cdrom-entries boolean true"));
+                        assert!(has("d-i pkgsel/update-policy select none"));
+                        assert!(has(
+                            "popularity-contest popularity-contest/participate boolean false"
+                        ));
+                    }
+                    Family::Kickstart => {
+                        for l in text.lines() {
+                            let w = l.split_whitespace().next().unwrap_or("");
+                            if matches!(w, "url" | "repo") {
+                                assert!(
+                                    l.contains("--url=http://mirror.lab:8080/")
+                                        || l.contains("--baseurl=http://mirror.lab:8080/"),
+                                    "{name} {arch}: {l}"
+                                );
+                            }
+                        }
+                        assert!(has("timesource --ntp-disable"), "{text}");
+                    }
+                    Family::Autoinstall => {
+                        for l in [
+                            "    geoip: false",
+                            "    fallback: offline-install",
+                            "    disable_suites: [security, updates, backports, proposed]",
+                            "  refresh-installer:",
+                            "    update: false",
+                        ] {
+                            assert!(has(l), "{name} {arch}: no {l:?}\n{text}");
+                        }
+                        let archive = c.extra_repos["archive"].clone();
+                        assert_eq!(
+                            text.matches(&format!("        uri: {}", json(&archive)))
+                                .count(),
+                            2,
+                            "primary and security at the mirror: {text}"
+                        );
+                    }
+                    Family::Disk => unreachable!(),
+                }
+            }
+        }
+    }
+
+    /// The operators' keys reach root (the `ubuntu` user on Ubuntu) in every family,
+    /// and every family installs the same sshd policy: keys only, no passwords.
+    #[test]
+    fn ssh_keys_and_policy_in_every_family() {
+        let cat = catalog();
+        let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE0 ops@lab";
+        let image_key = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ image@lab";
+        assert!(SSHD_POLICY.contains("\nPermitRootLogin prohibit-password\n"));
+        assert!(SSHD_POLICY.contains("\nPasswordAuthentication no\n"));
+        for arch in Arch::ALL {
+            for name in ["debian-13", "rocky-9", "ubuntu-24.04"] {
+                let mut c = ctx(&cat, name, arch);
+                c.ssh_authorized_keys = vec![key.into(), image_key.into()];
+                c.root_password_hash = Some("$6$salt$hash".into());
+                let text = render_for(&c).unwrap().remove(0).1;
+                let policy = SSHD_POLICY.trim_end();
+                match c.image.family {
+                    Family::Kickstart => {
+                        for k in [key, image_key] {
+                            assert!(text.contains(&format!("\nsshkey --username=root \"{k}\"\n")));
+                        }
+                        assert!(
+                            text.contains(&format!(
+                                "cat > {SSHD_POLICY_PATH} <<'PXED_EOF'\n{policy}\nPXED_EOF\n"
+                            )),
+                            "{text}"
+                        );
+                    }
+                    Family::Preseed => {
+                        assert!(text.contains(&b64(&format!("{key}\n{image_key}\n"))));
+                        assert!(text.contains("/root/.ssh/authorized_keys"));
+                        assert!(
+                            text.contains(&format!(
+                                "echo {} | base64 -d > {SSHD_POLICY_PATH}",
+                                b64(SSHD_POLICY)
+                            )),
+                            "{text}"
+                        );
+                    }
+                    Family::Autoinstall => {
+                        assert!(text.contains(&format!(
+                            "    authorized-keys: {}\n",
+                            serde_json::to_string(&[key, image_key]).unwrap()
+                        )));
+                        assert!(text.contains("    allow-pw: false\n"));
+                        let indented: String =
+                            policy.lines().map(|l| format!("      {l}\n")).collect();
+                        assert!(
+                            text.contains(&format!(
+                                "cat > /target{SSHD_POLICY_PATH} <<'PXED_EOF'\n{indented}      PXED_EOF\n"
+                            )),
+                            "{text}"
+                        );
+                    }
+                    Family::Disk => unreachable!(),
+                }
+            }
+        }
     }
 
     #[test]

@@ -315,14 +315,20 @@ fn context<'a>(
         agent_token.as_str(),
         &hostname_of(node),
     )?;
-    ctx.ssh_authorized_keys = st
-        .cfg
-        .ssh_authorized_keys
-        .iter()
-        .chain(&img.def.ssh_authorized_keys)
-        .cloned()
-        .collect();
+    ctx.ssh_authorized_keys = authorized_keys(&st.cfg.ssh_authorized_keys, &img.def);
     Ok(ctx)
+}
+
+/// The keys an installed system trusts: the config's (every node), then the image's
+/// (its catalog entry), each once, in that order.
+pub fn authorized_keys(config: &[String], image: &crate::images::ImageDef) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for k in config.iter().chain(&image.ssh_authorized_keys) {
+        if !out.contains(k) {
+            out.push(k.clone());
+        }
+    }
+    out
 }
 
 /// Renders `/cfg/{token}/{file}` for a node.
@@ -406,7 +412,42 @@ pub async fn deploy_plan(
                 mode: 0o644,
                 content: format!("{}\n", agent.unit),
             },
+            PlanFile {
+                path: crate::install::SSHD_POLICY_PATH.into(),
+                mode: 0o600,
+                content: crate::install::SSHD_POLICY.into(),
+            },
         ],
         enable_units: vec!["pxed-firstboot.service".into()],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_then_image_keys_each_once() {
+        let cat = crate::images::load_catalog(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("images"),
+        )
+        .unwrap();
+        let mut img = cat.into_iter().find(|d| d.name == "rocky-9").unwrap();
+        img.ssh_authorized_keys = vec!["ssh-ed25519 B image".into(), "ssh-ed25519 A ops".into()];
+        let cfg = vec!["ssh-ed25519 A ops".to_string()];
+        assert_eq!(
+            authorized_keys(&cfg, &img),
+            ["ssh-ed25519 A ops", "ssh-ed25519 B image"]
+        );
+        assert!(
+            authorized_keys(
+                &[],
+                &crate::images::ImageDef {
+                    ssh_authorized_keys: vec![],
+                    ..img
+                }
+            )
+            .is_empty()
+        );
+    }
 }

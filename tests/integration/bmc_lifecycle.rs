@@ -27,6 +27,7 @@ const POLL: Duration = Duration::from_millis(200);
 /// A local mirror with the files the rocky-9 catalog entry expects.
 fn mirror(dir: &Path) -> String {
     let mirror = dir.join("mirror");
+    crate::image_check::rocky_repo_metadata(&mirror);
     for arch in ["x86_64", "aarch64"] {
         let p = format!("rocky/9/BaseOS/{arch}/os/images/pxeboot");
         write_file(&mirror, &format!("{p}/vmlinuz"), b"kernel");

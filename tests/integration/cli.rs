@@ -102,6 +102,8 @@ fn image_add_list_rm_with_checksums() {
     let work = tempfile::tempdir().unwrap();
     let mirror = work.path().join("mirror");
     let data = work.path().join("data");
+    // Everything `image add` checks for first; the kernels get known contents below.
+    crate::image_check::debian_mirror(&mirror, "trixie", &["amd64", "arm64"]);
     let p =
         "debian/dists/trixie/main/installer-amd64/current/images/netboot/debian-installer/amd64";
     write_file(&mirror, &format!("{p}/linux"), b"debian kernel");

@@ -78,6 +78,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     let work = tempfile::tempdir().unwrap();
     // A local "mirror" with the layout the rocky-9 catalog entry expects.
     let mirror = work.path().join("mirror");
+    crate::image_check::rocky_repo_metadata(&mirror);
     for arch in ["x86_64", "aarch64"] {
         let p = format!("rocky/9/BaseOS/{arch}/os/images/pxeboot");
         write_file(

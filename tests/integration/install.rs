@@ -193,6 +193,7 @@ print(json.dumps({
     "mounts": [p.mountpoint for p in h.partition.partitions],
     "sshkeys": [k.key for k in h.sshkey.sshUserList],
     "rootpw_crypted": bool(h.rootpw.isCrypted),
+    "timesources": [[t.ntp_server, t.ntp_pool, bool(t.ntp_disable)] for t in h.timesource.dataList()],
     "post": [s.script for s in h.scripts if s.type == KS_SCRIPT_POST],
 }))
 "#;
@@ -242,6 +243,8 @@ fn kickstart_validates_and_parses() {
         assert_eq!(v["repos"]["appstream"], c.extra_repos["appstream"].as_str());
         assert_eq!(v["sshkeys"], serde_json::json!([KEY]));
         assert_eq!(v["rootpw_crypted"], true);
+        // Isolated network: NTP off, no server or pool.
+        assert_eq!(v["timesources"], serde_json::json!([["", "", true]]));
         let append = v["append"].as_str().unwrap();
         let mounts: Vec<&str> = v["mounts"]
             .as_array()
@@ -284,6 +287,10 @@ fn kickstart_validates_and_parses() {
         assert_eq!(script, agent.script);
         assert_eq!(unit, agent.unit);
         check_agent(dir.path(), &script, &unit);
+        assert_eq!(
+            heredoc(post, install::SSHD_POLICY_PATH, 0),
+            install::SSHD_POLICY.trim_end()
+        );
     }
 }
 
@@ -312,6 +319,11 @@ text = open(sys.argv[1]).read()
 assert text.startswith("#cloud-config\n"), "no #cloud-config header"
 doc = yaml.safe_load(text)
 str_list = {"type": "array", "items": {"type": "string"}}
+# Subiquity's `apt` keys (geoip, fallback, preserve_sources_list, primary) and the
+# curtin apt keys it passes on (security, disable_suites).
+mirrors = {"type": "array", "items": {
+    "type": "object", "required": ["arches", "uri"], "additionalProperties": False,
+    "properties": {"arches": str_list, "uri": {"type": "string"}}}}
 schema = {
   "type": "object", "required": ["autoinstall"], "additionalProperties": False,
   "properties": {"autoinstall": {
@@ -328,9 +340,11 @@ schema = {
           "properties": {"type": {"enum": ["print", "rsyslog", "webhook", "none"]},
                          "endpoint": {"type": "string"}}}},
       "network": {"type": "object", "required": ["version", "ethernets"]},
-      "apt": {"type": "object", "properties": {"primary": {"type": "array", "items": {
-          "type": "object", "required": ["arches", "uri"],
-          "properties": {"arches": str_list, "uri": {"type": "string"}}}}}},
+      "apt": {"type": "object", "additionalProperties": False, "properties": {
+          "primary": mirrors, "security": mirrors,
+          "geoip": {"type": "boolean"}, "preserve_sources_list": {"type": "boolean"},
+          "fallback": {"enum": ["abort", "continue-anyway", "offline-install"]},
+          "disable_suites": str_list}},
       "identity": {"type": "object", "additionalProperties": False,
                    "required": ["hostname", "username", "password"],
                    "properties": {"hostname": {"type": "string"}, "username": {"type": "string"},
@@ -389,6 +403,14 @@ fn user_data_validates_and_parses() {
             Arch::Arm64 => "http://mirror.lab:8080/pub/ubuntu-ports/",
         };
         assert_eq!(ai["apt"]["primary"][0]["uri"], archive);
+        // Isolated network: the mirror for security too, no geoip, offline fallback.
+        assert_eq!(ai["apt"]["security"][0]["uri"], archive);
+        assert_eq!(ai["apt"]["geoip"], false);
+        assert_eq!(ai["apt"]["fallback"], "offline-install");
+        assert_eq!(
+            ai["apt"]["disable_suites"],
+            serde_json::json!(["security", "updates", "backports", "proposed"])
+        );
         let late: Vec<&str> = ai["late-commands"]
             .as_array()
             .unwrap()
@@ -519,6 +541,16 @@ fn preseed_validates_and_parses() {
             "no desktop task, so no GUI setup"
         );
         assert_eq!(get("pkgsel/include"), "curl pciutils");
+        // Isolated network, as debconf reads it: no security/updates suites (an
+        // empty multiselect), no NTP, no unattended upgrades.
+        assert_eq!(
+            m[&("d-i".to_string(), "apt-setup/services-select".to_string())],
+            ("multiselect".to_string(), String::new())
+        );
+        assert_eq!(get("clock-setup/ntp"), "false");
+        assert_eq!(get("apt-setup/non-free-firmware"), "false");
+        assert_eq!(get("apt-setup/enable-source-repositories"), "false");
+        assert_eq!(get("pkgsel/update-policy"), "none");
         let opts = get("debian-installer/add-kernel-opts");
         match arch {
             Arch::X86_64 => {

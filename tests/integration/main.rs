@@ -7,6 +7,7 @@ mod common;
 mod crash;
 mod daemon;
 mod dhcp;
+mod image_check;
 mod install;
 mod lifecycle;
 mod netns;

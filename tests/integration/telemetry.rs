@@ -141,6 +141,7 @@ fn start() -> (Sushy, Daemon, u16, tempfile::TempDir) {
     let work = tempfile::tempdir().unwrap();
     // A local "mirror" with the layout the debian-13 catalog entry expects.
     let mirror = work.path().join("mirror");
+    crate::image_check::debian_mirror(&mirror, "trixie", &["amd64", "arm64"]);
     for arch in ["amd64", "arm64"] {
         let p = format!(
             "debian/dists/trixie/main/installer-{arch}/current/images/netboot/debian-installer/{arch}"
