@@ -6,7 +6,10 @@
 #
 # DIR/debian/ then holds
 #   dists/bookworm/{InRelease,Release,Release.gpg}             (signed, as published)
-#   dists/bookworm/main/binary-amd64/Release                  (choose-mirror checks it)
+#   dists/bookworm/main/binary-amd64/{Release,Packages.xz}    (choose-mirror checks the
+#                                                              Release; debootstrap reads
+#                                                              the index)
+#   dists/bookworm/main/i18n/Translation-en.xz               (apt in the target wants it)
 #   dists/bookworm/main/debian-installer/binary-amd64/Packages.{gz,xz}
 #   dists/bookworm/main/installer-amd64/current/images/netboot/debian-installer/amd64/
 #       {linux,initrd.gz}   from the debian-installer-12-netboot-amd64 package (the
@@ -34,7 +37,8 @@ trap 'rm -rf "$tmp"' EXIT
 
 curl -fsS -o "$tmp/Release" "$ARCHIVE/dists/$S/Release"
 if [ -f "$OUT/.complete" ] && cmp -s "$tmp/Release" "$D/dists/$S/Release" \
-   && [ -s "$IMG/linux" ] && [ -s "$IMG/initrd.gz" ] && [ -s "$D/dists/$S/main/binary-amd64/Release" ]; then
+   && [ -s "$IMG/linux" ] && [ -s "$IMG/initrd.gz" ] && [ -s "$D/dists/$S/main/binary-amd64/Release" ] \
+   && [ -s "$D/dists/$S/main/binary-amd64/Packages.xz" ] && [ -s "$D/dists/$S/main/i18n/Translation-en.xz" ]; then
   echo "di-mirror: up to date in $OUT ($(cat "$OUT/.complete"))"
   exit 0
 fi
@@ -44,7 +48,10 @@ for f in InRelease Release Release.gpg; do
   curl -fsS -o "$D/dists/$S/$f" "$ARCHIVE/dists/$S/$f"
 done
 mkdir -p "$D/dists/$S/main/binary-amd64"
-curl -fsS -o "$D/dists/$S/main/binary-amd64/Release" "$ARCHIVE/dists/$S/main/binary-amd64/Release"
+for f in binary-amd64/Release binary-amd64/Packages.xz i18n/Translation-en.xz; do
+  mkdir -p "$(dirname "$D/dists/$S/main/$f")"
+  curl -fsS -o "$D/dists/$S/main/$f" "$ARCHIVE/dists/$S/main/$f"
+done
 for f in Packages.gz Packages.xz; do
   curl -fsS -o "$DI/$f" "$ARCHIVE/dists/$S/main/debian-installer/binary-amd64/$f" || rm -f "$DI/$f"
 done
