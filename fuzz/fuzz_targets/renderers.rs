@@ -155,7 +155,10 @@ fn install_action(img: &ImageDef, base: &str, mirror: &str, token: &str, host: &
             continue;
         }
         let config_base = format!("{base}/cfg/{token}");
-        let Ok(cmdline) = kernel_cmdline(img, arch, mirror, &config_base, host) else {
+        // The syslog receiver as pxed points installers at it (the server's address).
+        let syslog = base.strip_prefix("http://").map(|h| format!("{h}:514"));
+        let Ok(cmdline) = kernel_cmdline(img, arch, mirror, &config_base, host, syslog.as_deref())
+        else {
             continue;
         };
         for &ipxe_arch in arch.ipxe_buildarches() {

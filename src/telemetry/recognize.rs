@@ -821,4 +821,63 @@ mod tests {
             assert_eq!(recognize(Curtin, line), *want, "{line}");
         }
     }
+
+    /// What a real debian-installer sent to pxed in `lab/run.sh --installer`
+    /// (bookworm, `debian-installer-12-netboot-amd64` 20230607+deb12u15, from a mirror
+    /// built from the archive, which lacks `apt-mirror-setup`), as pxed stored it:
+    /// tokens redacted, cdebconf's trace kept to SET and INPUT. Of its 349 lines, the
+    /// preseed line is the config milestone and only the last few are fatal: the earlier
+    /// `ERROR 404: File not found.` for the contrib and non-free indexes, the critical
+    /// `INPUT` of a preseeded question and the DEBUG chatter are not.
+    #[test]
+    fn a_real_debian_installer_run() {
+        let capture = include_str!("testdata/di-bookworm-lab.log");
+        let lines: Vec<&str> = capture.lines().collect();
+        let signals: Vec<(usize, Signal)> = lines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| recognize(Family::DebianInstaller, l).map(|s| (i, s)))
+            .collect();
+        assert!(
+            signals
+                .iter()
+                .any(|(i, s)| *s == Signal::Milestone(Milestone::ConfigLoaded)
+                    && lines[*i].starts_with("preseed: successfully loaded")),
+            "{signals:?}"
+        );
+        // The first fatal line (the one that fails the node) is anna's; the critical
+        // dialog it opens right after is fatal too, and nothing before them is.
+        let fatal: Vec<(usize, &Signal)> = signals
+            .iter()
+            .filter(|(_, s)| matches!(s, Signal::Fatal(_)))
+            .map(|(i, s)| (*i, s))
+            .collect();
+        assert_eq!(
+            fatal,
+            [
+                (
+                    lines.len() - 3,
+                    &Signal::Fatal("anna[2711]: WARNING **: package retrieval failed".into())
+                ),
+                (
+                    lines.len() - 1,
+                    &Signal::Fatal("Downloading a file failed (retriever/net/error)".into())
+                ),
+            ],
+            "{signals:?}"
+        );
+        // The look-alikes are there.
+        assert!(
+            lines
+                .iter()
+                .filter(|l| l.ends_with("ERROR 404: File not found."))
+                .count()
+                >= 5
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.ends_with("--> INPUT critical mirror/http/hostname"))
+        );
+    }
 }

@@ -1345,7 +1345,13 @@ async fn reporting_events_are_stored_and_a_fail_ends_the_install() {
             "webhook curtin: finish cmd-install/stage-curthooks: WARN: an apt source is missing",
         ]
     );
-    assert_eq!(audit(&h, id, "installer_partitioning").await.len(), 1);
+    // The milestone is written beside the lines, not with them: wait for it too.
+    until(
+        "the partitioning milestone",
+        Duration::from_secs(10),
+        async || (audit(&h, id, "installer_partitioning").await.len() == 1).then_some(()),
+    )
+    .await;
     assert_eq!(h.node(id).await["state"], "installing", "WARN is not fatal");
     let fail = event(
         "finish",

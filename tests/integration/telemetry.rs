@@ -256,8 +256,16 @@ async fn installer_syslog_is_stored_shown_and_fails_the_install() {
             "preseed: successfully loaded preseed file from http://127.0.0.1/cfg/<redacted>/preseed".into(),
         ]
     );
-    // Milestones on the timeline, once each.
-    let n = api.get(&d, &format!("/api/v1/nodes/{id}")).await;
+    // Milestones on the timeline, once each (written beside the lines: wait for them).
+    let n = api
+        .wait("the milestones", &d, async || {
+            let n = api.get(&d, &format!("/api/v1/nodes/{id}")).await;
+            let ev = events(&n);
+            ev.iter()
+                .any(|(e, _)| e == "installer_partitioning")
+                .then_some(n)
+        })
+        .await;
     let ev = events(&n);
     for m in [
         "installer_kernel_booted",
