@@ -254,3 +254,73 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     std::fs::write(&p, bytes).unwrap();
     p
 }
+
+/// The JSON API of a running [`Daemon`], called as a script would (bearer token).
+pub struct Api {
+    pub http: reqwest::Client,
+    pub token: &'static str,
+}
+
+impl Api {
+    pub fn new(token: &'static str) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            token,
+        }
+    }
+
+    /// Status and JSON body (`null` when there is none).
+    pub async fn call(
+        &self,
+        d: &Daemon,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut r = self
+            .http
+            .request(method, d.url(path))
+            .bearer_auth(self.token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let s = resp.status().as_u16();
+        (s, resp.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    pub async fn get(&self, d: &Daemon, path: &str) -> serde_json::Value {
+        self.call(d, reqwest::Method::GET, path, None).await.1
+    }
+
+    pub async fn node(&self, d: &Daemon, id: i64) -> serde_json::Value {
+        self.get(d, &format!("/api/v1/nodes/{id}")).await
+    }
+
+    /// Polls `f` for up to 60 s; panics with the daemon's log.
+    pub async fn wait<T>(&self, what: &str, d: &Daemon, f: impl AsyncFnMut() -> Option<T>) -> T {
+        match poll(Duration::from_secs(60), f).await {
+            Some(v) => v,
+            None => panic!("timed out waiting for {what}\n{}", d.log_text()),
+        }
+    }
+
+    /// Polls node `id` until it is in `state`; panics with the node and the log.
+    pub async fn wait_state(
+        &self,
+        d: &Daemon,
+        id: i64,
+        state: &str,
+        timeout: Duration,
+    ) -> serde_json::Value {
+        let reached = async || Some(self.node(d, id).await).filter(|n| n["state"] == state);
+        match poll(timeout, reached).await {
+            Some(n) => n,
+            None => panic!(
+                "node {id} never reached {state}: {:#}\n{}",
+                self.node(d, id).await,
+                d.log_text()
+            ),
+        }
+    }
+}

@@ -9,54 +9,9 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 use crate::bmc::{FaultProxy, NODE1, NODE2, PASSWORD, Sushy};
-use crate::common::{Daemon, poll, pxed_bin, repo, run, wait_for, write_file};
+use crate::common::{Api, Daemon, pxed_bin, repo, run, wait_for, write_file};
 
 const TOKEN: &str = "crash-token";
-
-struct Api {
-    http: reqwest::Client,
-}
-
-impl Api {
-    async fn call(
-        &self,
-        d: &Daemon,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut r = self.http.request(method, d.url(path)).bearer_auth(TOKEN);
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.unwrap();
-        let s = resp.status().as_u16();
-        (s, resp.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn node(&self, d: &Daemon, id: i64) -> Value {
-        self.call(
-            d,
-            reqwest::Method::GET,
-            &format!("/api/v1/nodes/{id}"),
-            None,
-        )
-        .await
-        .1
-    }
-
-    async fn wait_state(&self, d: &Daemon, id: i64, state: &str, timeout: Duration) -> Value {
-        let reached = async || Some(self.node(d, id).await).filter(|n| n["state"] == state);
-        match poll(timeout, reached).await {
-            Some(n) => n,
-            None => panic!(
-                "node {id} never reached {state}: {:#}\n{}",
-                self.node(d, id).await,
-                d.log_text()
-            ),
-        }
-    }
-}
 
 fn events(n: &Value) -> Vec<Value> {
     n["events"].as_array().cloned().unwrap_or_default()
@@ -111,9 +66,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
 
     let mut d = Daemon::start_in(dir, &[], &env);
     pxed::net::install_crypto_provider();
-    let api = Api {
-        http: reqwest::Client::new(),
-    };
+    let api = Api::new(TOKEN);
     let mut ids = Vec::new();
     for (mac, system, bmc) in [
         ("52:54:00:12:34:56", NODE1, proxy.url()),

@@ -12,51 +12,15 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::bmc::{NODE1, PASSWORD, Sushy};
-use crate::common::{Daemon, need, poll, pxed_bin, repo, run, write_file};
+use crate::common::{Api, Daemon, need, pxed_bin, repo, run, write_file};
 
 const TOKEN: &str = "telemetry-token";
 const MAC: &str = "52:54:00:12:34:56";
 
-struct Api {
-    http: reqwest::Client,
-}
+/// How long a telemetry test waits for a node's state.
+const WAIT: Duration = Duration::from_secs(60);
 
 impl Api {
-    async fn call(
-        &self,
-        d: &Daemon,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut r = self.http.request(method, d.url(path)).bearer_auth(TOKEN);
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.unwrap();
-        let s = resp.status().as_u16();
-        (s, resp.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, d: &Daemon, path: &str) -> Value {
-        self.call(d, reqwest::Method::GET, path, None).await.1
-    }
-
-    async fn wait<T>(&self, what: &str, d: &Daemon, f: impl AsyncFnMut() -> Option<T>) -> T {
-        match poll(Duration::from_secs(60), f).await {
-            Some(v) => v,
-            None => panic!("timed out waiting for {what}\n{}", d.log_text()),
-        }
-    }
-
-    async fn wait_state(&self, d: &Daemon, id: i64, state: &str) -> Value {
-        let path = format!("/api/v1/nodes/{id}");
-        self.wait(&format!("node {id} {state}"), d, async || {
-            Some(self.get(d, &path).await).filter(|n| n["state"] == state)
-        })
-        .await
-    }
-
     /// Reinstall, let the emulated BMC power-cycle, fetch the boot script from
     /// 127.0.0.1 (the installer is bound to it): the node is `installing`. Returns the
     /// script.
@@ -70,7 +34,7 @@ impl Api {
             )
             .await;
         assert_eq!(s, 202, "{v}");
-        self.wait_state(d, id, "netbooting").await;
+        self.wait_state(d, id, "netbooting", WAIT).await;
         let script = self
             .http
             .get(d.url(&format!("/boot/{MAC}.ipxe")))
@@ -80,7 +44,7 @@ impl Api {
             .text()
             .await
             .unwrap();
-        self.wait_state(d, id, "installing").await;
+        self.wait_state(d, id, "installing", WAIT).await;
         script
     }
 
@@ -182,9 +146,7 @@ fn start() -> (Sushy, Daemon, u16, tempfile::TempDir) {
 #[tokio::test(flavor = "multi_thread")]
 async fn installer_syslog_is_stored_shown_and_fails_the_install() {
     let (sushy, d, port, _work) = start();
-    let api = Api {
-        http: reqwest::Client::new(),
-    };
+    let api = Api::new(TOKEN);
     let (s, v) = api
         .call(
             &d,
@@ -339,7 +301,7 @@ async fn installer_syslog_is_stored_shown_and_fails_the_install() {
         "main-menu",
         "WARNING **: Menu item 'download-installer' failed.",
     );
-    let n = api.wait_state(&d, id, "failed").await;
+    let n = api.wait_state(&d, id, "failed", WAIT).await;
     assert_eq!(n["failed_step"], "installing", "{n:#}");
     let reason = n["failed_reason"].as_str().unwrap();
     assert_eq!(
@@ -356,7 +318,7 @@ async fn installer_syslog_is_stored_shown_and_fails_the_install() {
         "main-menu",
         "WARNING **: Menu item 'download-installer' failed.",
     );
-    let n = api.wait_state(&d, id, "failed").await;
+    let n = api.wait_state(&d, id, "failed", WAIT).await;
     let reason = n["failed_reason"].as_str().unwrap();
     assert_eq!(
         reason,
@@ -388,7 +350,7 @@ async fn installer_syslog_is_stored_shown_and_fails_the_install() {
         "debconf",
         "<-- 0 question will be asked",
     );
-    let n = api.wait_state(&d, id, "failed").await;
+    let n = api.wait_state(&d, id, "failed", WAIT).await;
     assert_eq!(
         n["failed_reason"],
         "installing: the installer waits for an answer to partman/choose_partition (priority critical): a dialog nobody will answer",
@@ -404,9 +366,7 @@ async fn installer_syslog_is_stored_shown_and_fails_the_install() {
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_and_unattributed_input_is_counted_and_the_receiver_lives_on() {
     let (_sushy, d, port, _work) = start();
-    let api = Api {
-        http: reqwest::Client::new(),
-    };
+    let api = Api::new(TOKEN);
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
     let garbage: [&[u8]; 5] = [
         b"",
