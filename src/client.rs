@@ -2,7 +2,7 @@
 //! API (the server checks the BMC: its secrets never leave it); `pxed image ...` runs
 //! on the pxed host against its store.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
@@ -73,6 +73,23 @@ pub enum NodeCmd {
         /// Accept any TLS certificate from this BMC (labs only).
         #[arg(long)]
         bmc_tls_insecure: bool,
+        /// A file of OpenSSH public keys (one per line, `#` comments skipped) for root
+        /// on this node's installed systems; `-` reads standard input.
+        #[arg(long)]
+        ssh_keys: Option<PathBuf>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Show or replace a node's own SSH authorized keys (added to the config's and the
+    /// image's at its next install).
+    SshKeys {
+        node: String,
+        /// Replace them with the keys in this file (one per line; `-` for stdin).
+        #[arg(long, conflicts_with = "clear")]
+        set: Option<PathBuf>,
+        /// Remove them all.
+        #[arg(long)]
+        clear: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -364,9 +381,65 @@ pub fn run_node(cmd: NodeCmd) -> ExitCode {
     finish(rt().block_on(node(cmd)))
 }
 
+/// OpenSSH public keys from a file (or stdin for `-`): one per line, blank lines and
+/// `#` comments skipped. The server checks each.
+fn read_key_file(path: &Path) -> Result<Vec<String>, ClientError> {
+    let text = if path == Path::new("-") {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    }
+    .map_err(|e| ClientError::Other(format!("reading {}: {e}", path.display())))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect())
+}
+
 async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
     use reqwest::Method;
     match cmd {
+        NodeCmd::SshKeys {
+            node,
+            set,
+            clear,
+            api: a,
+        } => {
+            let api = Api::new(&a)?;
+            let keys: crate::wire::SshKeys = if set.is_some() || clear {
+                let body = crate::wire::SshKeys {
+                    ssh_authorized_keys: match &set {
+                        Some(f) => read_key_file(f)?,
+                        None => vec![],
+                    },
+                };
+                let body =
+                    serde_json::to_value(&body).map_err(|e| ClientError::Other(e.to_string()))?;
+                api.call(
+                    Method::PUT,
+                    &format!("/nodes/{node}/ssh-keys"),
+                    Some(body),
+                    &[],
+                )
+                .await?
+            } else {
+                let v: NodeDetail = api
+                    .call(Method::GET, &format!("/nodes/{node}"), None, &[])
+                    .await?;
+                crate::wire::SshKeys {
+                    ssh_authorized_keys: v.ssh_authorized_keys,
+                }
+            };
+            if a.json {
+                print_json(&keys);
+            } else {
+                for k in &keys.ssh_authorized_keys {
+                    println!("{k}");
+                }
+            }
+        }
         NodeCmd::List(a) => {
             let api = Api::new(&a)?;
             let v = api.all_nodes().await?;
@@ -450,6 +523,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
             bmc_password_env,
             bmc_system_id,
             bmc_tls_insecure,
+            ssh_keys,
             api: a,
         } => {
             let api = Api::new(&a)?;
@@ -457,6 +531,10 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                 macs,
                 name,
                 arch,
+                ssh_authorized_keys: match &ssh_keys {
+                    Some(f) => read_key_file(f)?,
+                    None => vec![],
+                },
                 ..Default::default()
             };
             if let (Some(d), Some(addr)) = (bmc_driver, bmc_address) {

@@ -1190,14 +1190,8 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         return Err(invalid("api_token", "the API token is empty"));
     }
     let ssh_authorized_keys = w.ssh_authorized_keys.unwrap_or_default();
-    if let Some(k) = ssh_authorized_keys
-        .iter()
-        .find(|k| k.trim().is_empty() || k.contains(['\n', '\r']))
-    {
-        return Err(invalid(
-            "ssh_authorized_keys",
-            format!("{k:?} is not one OpenSSH public key line"),
-        ));
+    for k in &ssh_authorized_keys {
+        crate::model::check_authorized_key(k).map_err(|e| invalid("ssh_authorized_keys", e))?;
     }
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
     Ok(Config {

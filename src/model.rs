@@ -491,6 +491,54 @@ pub struct AgentToken(pub String);
 
 secret!(AgentToken);
 
+/// Most authorized keys one node may carry (the config's and the image's come on top).
+pub const MAX_NODE_SSH_KEYS: usize = 64;
+
+/// Key types OpenSSH accepts in `authorized_keys`.
+const SSH_KEY_TYPES: &[&str] = &[
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "ssh-ed25519-cert-v01@openssh.com",
+    "ssh-rsa-cert-v01@openssh.com",
+];
+
+/// Checks one `authorized_keys` line: a single line, at most 16 KiB, holding a known
+/// key type followed by base64 (options such as `from="…"` may come first). The
+/// line reaches installed systems verbatim, so a newline would smuggle a second key.
+pub fn check_authorized_key(line: &str) -> Result<(), String> {
+    if line.contains(['\n', '\r', '\0']) {
+        return Err("an authorized key is one line (no newline or NUL)".into());
+    }
+    if line.len() > 16 * 1024 {
+        return Err("an authorized key is at most 16 KiB".into());
+    }
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let Some(at) = words.iter().position(|w| SSH_KEY_TYPES.contains(w)) else {
+        return Err(format!(
+            "no OpenSSH key type in {:?} (expected one of {})",
+            line.chars().take(40).collect::<String>(),
+            SSH_KEY_TYPES.join(", ")
+        ));
+    };
+    let b64 = words.get(at + 1).copied().unwrap_or("");
+    let ok = b64.len() >= 16
+        && b64
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+    if !ok {
+        return Err(format!(
+            "the {} key's base64 body is missing or malformed",
+            words[at]
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -551,5 +599,29 @@ mod tests {
         assert_eq!(Arch::from_client_arch(7), Some(Arch::X86_64));
         assert_eq!(Arch::from_client_arch(11), Some(Arch::Arm64));
         assert_eq!(Arch::from_client_arch(2), None);
+    }
+
+    #[test]
+    fn authorized_keys_are_one_known_key_per_line() {
+        let good = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFoo ops@site";
+        assert_eq!(check_authorized_key(good), Ok(()));
+        assert_eq!(
+            check_authorized_key(&format!("from=\"10.0.0.0/8\" {good}")),
+            Ok(())
+        );
+        let two = format!("{good}\nssh-rsa AAAAB3NzaC1yc2EAAAADAQAB evil");
+        assert!(check_authorized_key(&two).unwrap_err().contains("one line"));
+        assert!(
+            check_authorized_key("hello world")
+                .unwrap_err()
+                .contains("key type")
+        );
+        assert!(
+            check_authorized_key("ssh-ed25519")
+                .unwrap_err()
+                .contains("base64")
+        );
+        assert!(check_authorized_key("ssh-ed25519 not*base64*at*all!!").is_err());
+        assert!(check_authorized_key(&format!("ssh-rsa {}", "A".repeat(17_000))).is_err());
     }
 }

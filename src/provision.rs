@@ -288,7 +288,7 @@ fn hostname_of(node: &NodeRow) -> String {
 }
 
 /// The install context of `node` (hostname, URLs, keys) for `img`.
-fn context<'a>(
+async fn context<'a>(
     st: &AppState,
     node: &NodeRow,
     img: &'a StoredImage,
@@ -315,15 +315,20 @@ fn context<'a>(
         agent_token.as_str(),
         &hostname_of(node),
     )?;
-    ctx.ssh_authorized_keys = authorized_keys(&st.cfg.ssh_authorized_keys, &img.def);
+    let own = st.store.node_ssh_keys(node.id).await?;
+    ctx.ssh_authorized_keys = authorized_keys(&st.cfg.ssh_authorized_keys, &img.def, &own);
     Ok(ctx)
 }
 
 /// The keys an installed system trusts: the config's (every node), then the image's
-/// (its catalog entry), each once, in that order.
-pub fn authorized_keys(config: &[String], image: &crate::images::ImageDef) -> Vec<String> {
+/// (its catalog entry), then the node's own, each once, in that order.
+pub fn authorized_keys(
+    config: &[String],
+    image: &crate::images::ImageDef,
+    node: &[String],
+) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for k in config.iter().chain(&image.ssh_authorized_keys) {
+    for k in config.iter().chain(&image.ssh_authorized_keys).chain(node) {
         if !out.contains(k) {
             out.push(k.clone());
         }
@@ -340,7 +345,7 @@ pub async fn render_config(
     token: &str,
 ) -> Result<String, ProvisionError> {
     let (_, img) = node_image(st, node).await?;
-    let ctx = context(st, node, &img, base, token)?;
+    let ctx = context(st, node, &img, base, token).await?;
     let r = match (img.def.family, file) {
         (Family::Kickstart, "kickstart" | "ks.cfg") => crate::install::render_kickstart(&ctx),
         (Family::Autoinstall, "user-data") => crate::install::render_user_data(&ctx),
@@ -371,7 +376,7 @@ pub async fn deploy_plan(
             family: img.def.family.as_str(),
         });
     }
-    let ctx = context(st, node, &img, base, token)?;
+    let ctx = context(st, node, &img, base, token).await?;
     let arch = ctx.arch;
     let disk = img
         .imported
@@ -427,7 +432,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_then_image_keys_each_once() {
+    fn config_then_image_then_node_keys_each_once() {
         let cat = crate::images::load_catalog(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("images"),
         )
@@ -436,8 +441,17 @@ mod tests {
         img.ssh_authorized_keys = vec!["ssh-ed25519 B image".into(), "ssh-ed25519 A ops".into()];
         let cfg = vec!["ssh-ed25519 A ops".to_string()];
         assert_eq!(
-            authorized_keys(&cfg, &img),
+            authorized_keys(&cfg, &img, &[]),
             ["ssh-ed25519 A ops", "ssh-ed25519 B image"]
+        );
+        let own = vec!["ssh-ed25519 C node".to_string(), "ssh-ed25519 A ops".into()];
+        assert_eq!(
+            authorized_keys(&cfg, &img, &own),
+            [
+                "ssh-ed25519 A ops",
+                "ssh-ed25519 B image",
+                "ssh-ed25519 C node"
+            ]
         );
         assert!(
             authorized_keys(
@@ -445,7 +459,8 @@ mod tests {
                 &crate::images::ImageDef {
                     ssh_authorized_keys: vec![],
                     ..img
-                }
+                },
+                &[]
             )
             .is_empty()
         );

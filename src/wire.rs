@@ -328,6 +328,10 @@ pub struct NodeDetail {
     pub node: NodeView,
     pub boot_mac: Option<Mac>,
     pub bmc: Option<BmcView>,
+    /// The node's own SSH authorized keys (public; the config's and the image's are
+    /// added at install).
+    #[serde(default)]
+    pub ssh_authorized_keys: Vec<String>,
     pub events: Vec<EventView>,
 }
 
@@ -357,6 +361,17 @@ pub struct CreateNode {
     pub state: Option<State>,
     #[serde(default)]
     pub bmc: Option<CreateBmc>,
+    /// OpenSSH public keys for root on this node's installed systems (added to the
+    /// config's and the image's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_authorized_keys: Vec<String>,
+}
+
+/// `PUT /api/v1/nodes/{id}/ssh-keys`: the node's own keys, replacing the old ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SshKeys {
+    pub ssh_authorized_keys: Vec<String>,
 }
 
 /// A BMC in a registration request. Its `Debug` masks the password.

@@ -6,7 +6,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +19,7 @@ use crate::state::AppState;
 use crate::store::nodes::{BmcRow, NewNode, NodeRow};
 pub use crate::wire::{
     BmcCheck, BmcView, CreateBmc, CreateNode, EventView, NodeDetail, NodeView, Operation,
-    ReinstallRequest,
+    ReinstallRequest, SshKeys,
 };
 
 /// Routes under `/api/v1` (auth applied by the caller).
@@ -29,6 +29,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/nodes/{id}", get(get_node).delete(delete_node))
         .route("/nodes/{id}/reinstall", post(reinstall))
         .route("/nodes/{id}/log", get(super::log::node_log))
+        .route("/nodes/{id}/ssh-keys", put(set_ssh_keys))
         .route("/nodes/{id}/actions/{action}", post(action))
         .route("/nodes/{id}/bmc/check", post(bmc_check))
         .route("/images", get(list_images))
@@ -192,11 +193,51 @@ async fn get_node(
     let boot_mac = macs.first().copied();
     let bmc = st.store.bmc(nid).await?.map(bmc_view);
     let events = st.store.events(nid).await?;
+    let ssh_authorized_keys = st.store.node_ssh_keys(nid).await?;
     Ok(Json(NodeDetail {
         node: view_with(n, macs),
         boot_mac,
         bmc,
+        ssh_authorized_keys,
         events,
+    }))
+}
+
+/// Each key one OpenSSH line, and not too many.
+fn check_ssh_keys(keys: &[String]) -> Result<(), ApiError> {
+    if keys.len() > crate::model::MAX_NODE_SSH_KEYS {
+        return Err(ApiError::bad_request(format!(
+            "at most {} ssh_authorized_keys per node",
+            crate::model::MAX_NODE_SSH_KEYS
+        )));
+    }
+    for (i, k) in keys.iter().enumerate() {
+        crate::model::check_authorized_key(k)
+            .map_err(|e| ApiError::bad_request(format!("ssh_authorized_keys[{i}]: {e}")))?;
+    }
+    Ok(())
+}
+
+/// `PUT /api/v1/nodes/{id}/ssh-keys`: replaces the node's own keys; they reach the
+/// installed system at its next install.
+async fn set_ssh_keys(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<SshKeys>,
+) -> Result<Json<SshKeys>, ApiError> {
+    check_ssh_keys(&req.ssh_authorized_keys)?;
+    let n = find(&st, &id).await?;
+    if !st
+        .store
+        .set_node_ssh_keys(n.id, &req.ssh_authorized_keys, "api")
+        .await?
+    {
+        return Err(ApiError::not_found(format!(
+            "node {id} was deleted meanwhile"
+        )));
+    }
+    Ok(Json(SshKeys {
+        ssh_authorized_keys: st.store.node_ssh_keys(n.id).await?,
     }))
 }
 
@@ -228,6 +269,7 @@ async fn create_node(
     {
         return Err(ApiError::bad_request("boot_mac must be one of macs"));
     }
+    check_ssh_keys(&req.ssh_authorized_keys)?;
     let arch = req.arch.unwrap_or(NodeArch::UNKNOWN);
     let state = match req.state {
         None => NodeState::Available,
@@ -274,6 +316,7 @@ async fn create_node(
                 macs,
                 boot_mac: req.boot_mac,
                 bmc,
+                ssh_authorized_keys: req.ssh_authorized_keys,
             },
             "api",
         )

@@ -225,6 +225,7 @@ mod tests {
             macs: vec![Mac([0x52, 0x54, 0, 0, 0, mac])],
             boot_mac: None,
             bmc: None,
+            ssh_authorized_keys: vec![],
         };
         let id = store.create_node(&n, "test").await.unwrap();
         sqlx::query(

@@ -311,6 +311,7 @@ mod tests {
             macs: vec![Mac([0x52, 0x54, 0, 0, 0, 1])],
             boot_mac: None,
             bmc: Some((bmc, "s3cret-pw".into())),
+            ssh_authorized_keys: vec![],
         };
         let id = store.create_node(&n, "test").await.unwrap();
         let raw: String = sqlx::query_scalar("SELECT password FROM bmc_secrets")

@@ -67,6 +67,8 @@ pub struct NewNode {
     pub macs: Vec<Mac>,
     pub boot_mac: Option<Mac>,
     pub bmc: Option<(BmcRow, String)>,
+    /// Public keys for root on this node's installed systems (checked by the caller).
+    pub ssh_authorized_keys: Vec<String>,
 }
 
 /// Current time as stored (RFC 3339, UTC, milliseconds).
@@ -112,10 +114,49 @@ impl Store {
         if let Some((b, password)) = &n.bmc {
             set_bmc_tx(&mut tx, &self.key, id, b, Some(password)).await?;
         }
+        set_ssh_keys_tx(&mut tx, id, &n.ssh_authorized_keys).await?;
         let e = Audit::new(id, 0, "registered", n.state, actor);
         append_event(&mut tx, &e).await?;
         tx.commit().await?;
         Ok(id)
+    }
+
+    /// The node's own SSH authorized keys, in the order they were given.
+    pub async fn node_ssh_keys(&self, node_id: i64) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            "SELECT key FROM node_ssh_keys WHERE node_id = ? ORDER BY position",
+            node_id
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Replaces the node's own SSH authorized keys, with an audit row naming how many
+    /// (keys are public, but the audit log need not repeat them). `false`: no such node.
+    pub async fn set_node_ssh_keys(
+        &self,
+        node_id: i64,
+        keys: &[String],
+        actor: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = sqlx::query!(
+            r#"SELECT state AS "state: State", generation FROM nodes WHERE id = ?"#,
+            node_id
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(false);
+        };
+        set_ssh_keys_tx(&mut tx, node_id, keys).await?;
+        let detail = format!("{} key(s); they reach the next install", keys.len());
+        let mut e = Audit::new(node_id, row.generation, "ssh_keys_set", row.state, actor);
+        e.from = Some(row.state);
+        e.detail = Some(&detail);
+        append_event(&mut tx, &e).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// One node by id.
@@ -600,6 +641,28 @@ async fn put_idempotent(
     Ok(())
 }
 
+/// Replaces a node's own SSH keys inside `tx`.
+async fn set_ssh_keys_tx(
+    tx: &mut Transaction<'_, Sqlite>,
+    node_id: i64,
+    keys: &[String],
+) -> Result<(), StoreError> {
+    sqlx::query!("DELETE FROM node_ssh_keys WHERE node_id = ?", node_id)
+        .execute(&mut **tx)
+        .await?;
+    for (position, key) in (0_i64..).zip(keys) {
+        sqlx::query!(
+            "INSERT INTO node_ssh_keys (node_id, position, key) VALUES (?, ?, ?)",
+            node_id,
+            position,
+            key
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
 async fn set_bmc_tx(
     tx: &mut Transaction<'_, Sqlite>,
     key: &super::secrets::SecretKey,
@@ -839,6 +902,7 @@ mod tests {
                 ],
                 boot_mac: None,
                 bmc: None,
+                ssh_authorized_keys: vec![],
             };
             store.create_node(&n, "test").await.unwrap();
         }

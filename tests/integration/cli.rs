@@ -76,6 +76,47 @@ fn node_commands_tables_and_json() {
         "{out}"
     );
 
+    // A node's own SSH keys from a file (comments and blank lines skipped), then cleared.
+    let keys = d.dir.path().join("keys.pub");
+    std::fs::write(
+        &keys,
+        "# rack 1 techs\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIRack1TechKey00 tech\n\n",
+    )
+    .unwrap();
+    let (ok, out, err) = pxed(
+        &d,
+        &[
+            "node",
+            "ssh-keys",
+            "rack1-u1",
+            "--set",
+            keys.to_str().unwrap(),
+        ],
+        "tok",
+    );
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out,
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIRack1TechKey00 tech\n"
+    );
+    let (ok, out, _) = pxed(&d, &["node", "ssh-keys", "rack1-u1"], "tok");
+    assert!(ok && out.contains("Rack1TechKey00"), "{out}");
+    std::fs::write(&keys, "not a key\n").unwrap();
+    let (ok, _, err) = pxed(
+        &d,
+        &[
+            "node",
+            "ssh-keys",
+            "rack1-u1",
+            "--set",
+            keys.to_str().unwrap(),
+        ],
+        "tok",
+    );
+    assert!(!ok && err.contains("no OpenSSH key type"), "{err}");
+    let (ok, out, _) = pxed(&d, &["node", "ssh-keys", "rack1-u1", "--clear"], "tok");
+    assert!(ok && out.is_empty(), "{out}");
+
     // No image imported: a clear error, nothing changed.
     let (ok, _, err) = pxed(
         &d,

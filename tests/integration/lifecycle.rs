@@ -415,6 +415,75 @@ fn agent_token_from_config(ks: &str) -> String {
     base.rsplit('/').next().unwrap().to_string()
 }
 
+/// A node's own SSH keys: checked when given, shown by the API, and in the config of
+/// its next install after the config's and the image's.
+#[tokio::test]
+async fn a_nodes_own_ssh_keys_reach_its_next_install() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:0c";
+    let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINodeOwnKey0123456789 tech@rack12";
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            "/nodes",
+            Some(json!({"macs": [mac], "arch": "x86_64",
+                        "ssh_authorized_keys": [format!("{key}\nssh-rsa AAAAB3Nza evil")]})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("one line"), "{v}");
+    let id = h.register(mac).await;
+    let path = format!("/nodes/{id}/ssh-keys");
+    let (s, v) = h
+        .api(
+            reqwest::Method::PUT,
+            &path,
+            Some(json!({"ssh_authorized_keys": ["hello"]})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("ssh_authorized_keys[0]"),
+        "{v}"
+    );
+    let (s, v) = h
+        .api(
+            reqwest::Method::PUT,
+            &path,
+            Some(json!({"ssh_authorized_keys": [key]})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h.node(id).await["ssh_authorized_keys"], json!([key]));
+
+    let (s, op) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{op}");
+    h.wait_state(id, "netbooting").await;
+    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    let token = token_from_script(&script);
+    let (s, ks) = h.get_text(&format!("/cfg/{token}/kickstart")).await;
+    assert_eq!(s, 200, "{ks}");
+    assert!(
+        ks.contains(&format!("sshkey --username=root \"{key}\"")),
+        "{ks}"
+    );
+    let events = h.node(id).await["events"].to_string();
+    assert!(events.contains("ssh_keys_set"), "{events}");
+}
+
 #[tokio::test]
 async fn reinstall_loop_installs_exactly_once() {
     let h = Harness::new(&[], RecordingBmc::default()).await;
@@ -1766,6 +1835,7 @@ async fn node_listings_are_paged() {
             macs: vec![Mac([0x52, 0x54, 0, b[1], b[2], b[3]])],
             boot_mac: None,
             bmc: None,
+            ssh_authorized_keys: vec![],
         };
         h.st.store.create_node(&n, "test").await.unwrap();
     }
