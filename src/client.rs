@@ -687,7 +687,11 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
                 .await
                 .map_err(|e| ClientError::Other(e.to_string()))?;
             let family = def.family.as_str();
-            let stored = crate::images::StoredImage { def, imported };
+            let stored = crate::images::StoredImage {
+                def,
+                imported,
+                mirror_checked: (!no_check).then_some(mirror),
+            };
             let json =
                 serde_json::to_string(&stored).map_err(|e| ClientError::Other(e.to_string()))?;
             store

@@ -164,6 +164,93 @@ pub struct ImportedDisk {
 pub struct StoredImage {
     pub def: ImageDef,
     pub imported: ImportedImage,
+    /// The `mirror_base` the import checked (`pxed image check`) and found complete;
+    /// `None` for `--no-check` imports. A reinstall re-checks it, cheaply
+    /// ([`MirrorGate`]), while the config still names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_checked: Option<String>,
+}
+
+/// How long a passing mirror check stands before a reinstall checks again.
+pub const MIRROR_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The cheap mirror check before a reinstall: an image imported from a checked
+/// mirror is checked again (HEAD requests, [`check_mirror`]) before a node is
+/// released and power-cycled into an installer that would fail on a missing file. A
+/// pass is remembered for [`MIRROR_CHECK_TTL`] per image and architecture, so a rack
+/// reclaimed at once costs one check; a failure is never remembered, so a fixed
+/// mirror is seen at the next call.
+#[derive(Debug, Default)]
+pub struct MirrorGate {
+    passed: std::sync::Mutex<std::collections::HashMap<(String, Option<Arch>), std::time::Instant>>,
+    /// Checks that went to the mirror (not answered from the remembered pass).
+    pub checks: crate::metrics::Counter,
+    /// Reinstalls refused because the mirror lacked something or did not answer.
+    pub refused: crate::metrics::Counter,
+}
+
+impl MirrorGate {
+    /// `Ok` when `img` may be installed on an `arch` node (all its arches for
+    /// `None`) from `mirror_base`; `Err` says what is missing, in the words of
+    /// `pxed image check`. Disk images and unchecked imports pass without a check.
+    pub async fn check(
+        &self,
+        img: &StoredImage,
+        arch: Option<Arch>,
+        mirror_base: Option<&str>,
+    ) -> Result<(), String> {
+        let (Some(checked), Some(mirror)) = (&img.mirror_checked, mirror_base) else {
+            return Ok(());
+        };
+        if img.def.family == Family::Disk || checked != mirror {
+            return Ok(());
+        }
+        let arch = arch.filter(|a| img.def.arches.contains_key(a));
+        let key = (img.def.name.clone(), arch);
+        let fresh = |m: &std::collections::HashMap<_, std::time::Instant>| {
+            m.get(&key).is_some_and(|t| t.elapsed() < MIRROR_CHECK_TTL)
+        };
+        if fresh(&self.passed.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(());
+        }
+        self.checks.inc();
+        let outcome = match check_mirror(&img.def, arch, mirror).await {
+            Ok(checked) => {
+                let missing: Vec<String> = checked
+                    .iter()
+                    .filter(|c| !c.present)
+                    .map(|c| format!("{} {c}", c.arch))
+                    .collect();
+                if missing.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the mirror lacks what image {}'s installer needs: {}",
+                        img.def.name,
+                        missing.join("; ")
+                    ))
+                }
+            }
+            Err(e) => Err(format!(
+                "checking the mirror for image {}: {e}",
+                img.def.name
+            )),
+        };
+        let mut passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
+        match &outcome {
+            Ok(()) => {
+                if passed.len() >= 1024 {
+                    passed.clear();
+                }
+                passed.insert(key, std::time::Instant::now());
+            }
+            Err(_) => {
+                passed.remove(&key);
+                self.refused.inc();
+            }
+        }
+        outcome
+    }
 }
 
 impl StoredImage {

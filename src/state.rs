@@ -58,6 +58,8 @@ pub struct AppState {
     /// (which names the call and the addresses): one row each however often a request
     /// is repeated (cleared when full).
     refusals: Mutex<HashSet<(i64, i64, String)>>,
+    /// The mirror check before each reinstall.
+    pub mirror_gate: crate::images::MirrorGate,
 }
 
 /// Most distinct refusals remembered before the memory is cleared.
@@ -92,6 +94,7 @@ impl AppState {
                 crate::http::status::MAX_SUBSCRIBERS,
             )),
             refusals: Mutex::new(HashSet::new()),
+            mirror_gate: crate::images::MirrorGate::default(),
             telemetry,
         })
     }
@@ -160,6 +163,16 @@ impl AppState {
                 "pxed_discovery_refused_rate_total",
                 "Unknown netboot clients not stored: over discovery.per_minute",
                 &self.discovery.refused_rate,
+            ),
+            (
+                "pxed_mirror_checks_total",
+                "Mirror checks before a reinstall that went to the mirror",
+                &self.mirror_gate.checks,
+            ),
+            (
+                "pxed_reinstalls_refused_mirror_total",
+                "Reinstalls refused before any change: the mirror lacked what the installer needs",
+                &self.mirror_gate.refused,
             ),
         ] {
             sample(&mut out, name, help, "counter", c.get());

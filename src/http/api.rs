@@ -401,6 +401,7 @@ async fn reinstall(
             format!("image {img} is not imported (pxed image add {img})"),
         ));
     }
+    mirror_gate(&st, &n, req.image.as_deref()).await?;
     let token = BootToken::random();
     let event = Event::ReinstallRequested {
         image: req.image.clone().or_else(|| st.cfg.default_image.clone()),
@@ -425,6 +426,45 @@ async fn reinstall(
         )
         .await?;
     Ok(stored_response(operation(&applied.node, &applied.outcome)))
+}
+
+/// Refuses a reinstall, before the node is touched, whose installer would stop on a
+/// mirror that lacks what it fetches (see [`crate::images::MirrorGate`]). A node
+/// already mid-reinstall is not checked: the call only reports on it.
+async fn mirror_gate(st: &AppState, n: &NodeRow, image: Option<&str>) -> Result<(), ApiError> {
+    if matches!(
+        n.state,
+        NodeState::Reclaiming
+            | NodeState::Netbooting
+            | NodeState::Installing
+            | NodeState::FirstBoot
+    ) {
+        return Ok(());
+    }
+    let Some(name) = image
+        .map(str::to_string)
+        .or_else(|| n.image.clone())
+        .or_else(|| st.cfg.default_image.clone())
+    else {
+        return Ok(());
+    };
+    let Some(row) = st.store.image(&name).await? else {
+        return Ok(());
+    };
+    let Ok(img) = crate::images::StoredImage::decode(&name, &row.definition) else {
+        return Ok(());
+    };
+    st.mirror_gate
+        .check(&img, n.arch.0, st.cfg.mirror_base.as_deref())
+        .await
+        .map_err(|reason| {
+            tracing::warn!(node = n.id, image = %name, %reason, "reinstall refused");
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "mirror_incomplete",
+                format!("{reason} (nothing was changed; see pxed image check {name})"),
+            )
+        })
 }
 
 fn operation(row: &NodeRow, outcome: &Outcome) -> Stored {

@@ -202,6 +202,82 @@ fn image_add_list_rm_with_checksums() {
     assert!(!ok && err.contains("rocky"), "{err}");
 }
 
+/// An image imported from a checked mirror is checked again before a reinstall: a
+/// mirror that lost a file refuses the reinstall with the file's name, before the node
+/// is touched; once the file is back the reinstall starts.
+#[test]
+fn a_reinstall_is_refused_while_the_mirror_lacks_a_file() {
+    use crate::common::write_file;
+    let dir = tempfile::tempdir().unwrap();
+    let mirror = dir.path().join("mirror");
+    let data = dir.path().join("data");
+    crate::image_check::rocky_repo_metadata(&mirror);
+    for a in ["x86_64", "aarch64"] {
+        let p = format!("rocky/9/BaseOS/{a}/os/images/pxeboot");
+        write_file(&mirror, &format!("{p}/vmlinuz"), b"kernel");
+        write_file(&mirror, &format!("{p}/initrd.img"), b"initrd");
+    }
+    let base = format!("file://{}/", mirror.display());
+    let (ok, out, err) = run(Command::new(pxed_bin())
+        .current_dir(repo())
+        .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
+        .arg(&data)
+        .env("PXED_MIRROR_BASE", &base));
+    assert!(ok, "{out}{err}");
+    let d = Daemon::start_in(
+        dir,
+        &[],
+        &[("PXED_API_TOKEN", "tok"), ("PXED_MIRROR_BASE", &base)],
+    );
+    let (ok, out, err) = pxed(
+        &d,
+        &[
+            "node",
+            "add",
+            "--mac",
+            "52:54:00:00:21:01",
+            "--name",
+            "m1",
+            "--arch",
+            "x86_64",
+        ],
+        "tok",
+    );
+    assert!(ok, "{out}{err}");
+    let treeinfo = mirror.join("rocky/9/BaseOS/x86_64/os/.treeinfo");
+    let keep = std::fs::read(&treeinfo).unwrap();
+    std::fs::remove_file(&treeinfo).unwrap();
+    let (ok, _, err) = pxed(
+        &d,
+        &["node", "reinstall", "m1", "--image", "rocky-9"],
+        "tok",
+    );
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("mirror_incomplete") && err.contains("x86_64/os/.treeinfo"),
+        "{err}"
+    );
+    // Only the node's architecture counts: the arm64 tree is not named.
+    assert!(!err.contains("aarch64"), "{err}");
+    let (ok, out, _) = pxed(&d, &["node", "show", "m1", "--json"], "tok");
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "available", "{out}");
+    assert_eq!(v["generation"], 0, "{out}");
+    std::fs::write(&treeinfo, keep).unwrap();
+    let (ok, out, err) = pxed(
+        &d,
+        &["node", "reinstall", "m1", "--image", "rocky-9"],
+        "tok",
+    );
+    assert!(ok, "{out}{err}");
+    let (_, metrics, _) = run(Command::new("curl").args(["-sf", &d.url("/metrics")]));
+    assert!(
+        metrics.contains("pxed_reinstalls_refused_mirror_total 1\n"),
+        "{metrics}"
+    );
+}
+
 /// The README tells operators to export `PXED_URL`, `PXED_API_TOKEN` and
 /// `PXED_BMC_PASSWORD` for the CLI; with all of them in the environment the server
 /// still starts and `check-config` still works (once they made both refuse to start).

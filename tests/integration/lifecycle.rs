@@ -220,7 +220,12 @@ impl Harness {
             family: def.family,
             arches,
         };
-        let stored = serde_json::to_string(&StoredImage { def, imported }).unwrap();
+        let stored = serde_json::to_string(&StoredImage {
+            def,
+            imported,
+            mirror_checked: None,
+        })
+        .unwrap();
         store
             .put_image("rocky-9", "kickstart", &stored)
             .await
