@@ -82,6 +82,10 @@ pub struct Wire {
     /// OpenSSH public keys for root on every installed or deployed system (images may
     /// add their own).
     pub ssh_authorized_keys: Option<Vec<String>>,
+    /// The site's NTP servers for installed systems (host names or addresses, at most
+    /// 8). Unset: installs use no NTP (every public pool is unreachable from an
+    /// isolated provisioning network).
+    pub ntp_servers: Option<Vec<String>>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub dhcp: Option<DhcpWire>,
@@ -402,6 +406,8 @@ pub struct Config {
     pub status_public: bool,
     /// OpenSSH public keys for root on every installed or deployed system.
     pub ssh_authorized_keys: Vec<String>,
+    /// NTP servers for installer-installed systems (see [`Wire::ntp_servers`]).
+    pub ntp_servers: Vec<String>,
     #[serde(serialize_with = "mask")]
     pub api_token: Option<String>,
     pub dhcp: DhcpConfig,
@@ -841,6 +847,7 @@ pub const ENV_KEYS: &[&str] = &[
     "hostname_prefix",
     "status_public",
     "ssh_authorized_keys",
+    "ntp_servers",
     "api_token",
     "api_token_file",
     "dhcp.mode",
@@ -967,7 +974,7 @@ fn env_layer(
     Ok((t, ignored))
 }
 
-const LIST_KEYS: &[&str] = &["interfaces", "dns", "ssh_authorized_keys"];
+const LIST_KEYS: &[&str] = &["interfaces", "dns", "ssh_authorized_keys", "ntp_servers"];
 
 fn env_value(path: &[String], val: &str) -> toml::Value {
     let last = path.last().map(String::as_str).unwrap_or("");
@@ -1193,6 +1200,24 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     for k in &ssh_authorized_keys {
         crate::model::check_authorized_key(k).map_err(|e| invalid("ssh_authorized_keys", e))?;
     }
+    let ntp_servers = w.ntp_servers.unwrap_or_default();
+    if ntp_servers.len() > 8 {
+        return Err(invalid("ntp_servers", "at most 8 servers"));
+    }
+    // They reach kickstart, preseed and YAML verbatim: host names and addresses only.
+    if let Some(bad) = ntp_servers.iter().find(|h| {
+        h.is_empty()
+            || h.len() > 253
+            || h.starts_with('-')
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'))
+    }) {
+        return Err(invalid(
+            "ntp_servers",
+            format!("{bad:?} is not a host name or an IP address"),
+        ));
+    }
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
     Ok(Config {
         interfaces,
@@ -1215,6 +1240,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         hostname_prefix: w.hostname_prefix.unwrap_or_else(|| "node-".into()),
         status_public: w.status_public.unwrap_or(false),
         ssh_authorized_keys,
+        ntp_servers,
         api_token,
         dhcp: DhcpConfig {
             mode,
@@ -1361,6 +1387,36 @@ mod tests {
             .to_string();
         assert!(e.contains("dhcp.poool"), "{e}");
         assert!(e.contains("PXED_DHCP__POOL"), "{e}");
+    }
+
+    /// NTP servers and SSH keys reach installer configs verbatim: anything but a host
+    /// name or address, or one OpenSSH key line, is refused with the key's name.
+    #[test]
+    fn ntp_servers_and_ssh_keys_are_checked() {
+        let ok = load(
+            None,
+            env(&[("PXED_NTP_SERVERS", "ntp1.site, 10.0.0.5")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(ok.ntp_servers, ["ntp1.site", "10.0.0.5"]);
+        for bad in ["ntp1 --foo", "a\"b", "-x"] {
+            let e = load(None, env(&[("PXED_NTP_SERVERS", bad)]), &Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("ntp_servers"), "{bad}: {e}");
+        }
+        let e = load(
+            None,
+            env(&[("PXED_SSH_AUTHORIZED_KEYS", "not-a-key")]),
+            &Flags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("ssh_authorized_keys") && e.contains("key type"),
+            "{e}"
+        );
     }
 
     /// Client and wrapper variables share the `PXED_` prefix; they must never stop the

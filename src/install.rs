@@ -44,6 +44,13 @@ pub struct InstallContext<'a> {
     pub root_password_hash: Option<String>,
     /// An Olson time zone name, e.g. `UTC` or `Europe/Berlin`.
     pub timezone: String,
+    /// The site's NTP servers (config `ntp_servers`, checked host names or addresses).
+    /// Empty: no NTP at all, since on an isolated network every pool is unreachable.
+    pub ntp_servers: Vec<String>,
+    /// pxed's syslog receiver as the installer reaches it (`host:port`), for installers
+    /// whose kernel command line cannot name one (subiquity's live session forwards
+    /// its rsyslog there).
+    pub syslog: Option<String>,
 }
 
 impl<'a> InstallContext<'a> {
@@ -78,6 +85,8 @@ impl<'a> InstallContext<'a> {
             ssh_authorized_keys: Vec::new(),
             root_password_hash: None,
             timezone: "UTC".into(),
+            ntp_servers: Vec::new(),
+            syslog: None,
         })
     }
 }
@@ -519,7 +528,7 @@ mod tests {
     #[test]
     fn configs_reach_only_the_mirror_and_pxed() {
         let cat = catalog();
-        let allowed = ["mirror.lab:8080", "10.0.0.1"];
+        let allowed = ["mirror.lab:8080", "10.0.0.1", "ntp.lab"];
         let outside = [
             "debian.org",
             "ubuntu.com",
@@ -538,7 +547,12 @@ mod tests {
                 ("rocky-9", render_kickstart),
                 ("ubuntu-24.04", render_user_data),
             ] {
-                let c = ctx(&cat, name, arch);
+                let mut c = ctx(&cat, name, arch);
+                // The site's NTP server is the one host besides mirror and pxed.
+                if arch == Arch::Arm64 {
+                    c.ntp_servers = vec!["ntp.lab".into()];
+                    c.syslog = Some("10.0.0.1:514".into());
+                }
                 let text = render(&c).unwrap();
                 let hosts = authorities(&text);
                 assert!(!hosts.is_empty(), "{name} {arch}: no URL at all?");
@@ -574,7 +588,10 @@ mod tests {
                             }
                         }
                         assert!(has("d-i apt-setup/services-select multiselect"), "{text}");
-                        assert!(has("d-i clock-setup/ntp boolean false"), "{text}");
+                        assert!(
+                            has("d-i clock-setup/ntp boolean false") == (arch == Arch::X86_64),
+                            "{text}"
+                        );
                         assert!(has("d-i apt-setup/disable-cdrom-entries boolean true"));
                         assert!(has("d-i pkgsel/update-policy select none"));
                         assert!(has(
@@ -592,7 +609,18 @@ mod tests {
                                 );
                             }
                         }
-                        assert!(has("timesource --ntp-disable"), "{text}");
+                        assert_eq!(
+                            has("timesource --ntp-disable"),
+                            arch == Arch::X86_64,
+                            "{text}"
+                        );
+                        for l in text.lines().filter(|l| l.starts_with("timesource ")) {
+                            assert!(
+                                l == "timesource --ntp-disable"
+                                    || l == "timesource --ntp-server=ntp.lab",
+                                "{name} {arch}: {l}"
+                            );
+                        }
                     }
                     Family::Autoinstall => {
                         for l in [

@@ -315,6 +315,8 @@ async fn context<'a>(
         agent_token.as_str(),
         &hostname_of(node),
     )?;
+    ctx.ntp_servers = st.cfg.ntp_servers.clone();
+    ctx.syslog = syslog_target(st, base);
     let own = st.store.node_ssh_keys(node.id).await?;
     ctx.ssh_authorized_keys = authorized_keys(&st.cfg.ssh_authorized_keys, &img.def, &own);
     Ok(ctx)

@@ -84,6 +84,12 @@ fn ctx<'a>(cat: &'a [ImageDef], family: Family, arch: Arch) -> InstallContext<'a
     c.ssh_authorized_keys = vec![KEY.into()];
     c.root_password_hash = Some(HASH.into());
     c.timezone = "Europe/Berlin".into();
+    // One arch with the site's NTP servers and pxed's syslog address, one without:
+    // the validators see both branches.
+    if arch == Arch::Arm64 {
+        c.ntp_servers = vec!["ntp1.lab".into(), "10.0.0.5".into()];
+        c.syslog = Some("10.0.0.1:514".into());
+    }
     c
 }
 
@@ -243,8 +249,22 @@ fn kickstart_validates_and_parses() {
         assert_eq!(v["repos"]["appstream"], c.extra_repos["appstream"].as_str());
         assert_eq!(v["sshkeys"], serde_json::json!([KEY]));
         assert_eq!(v["rootpw_crypted"], true);
-        // Isolated network: NTP off, no server or pool.
-        assert_eq!(v["timesources"], serde_json::json!([["", "", true]]));
+        if arch == Arch::Arm64 {
+            assert!(ks.contains("\ntimesource --ntp-server=ntp1.lab\n"), "{ks}");
+            assert!(ks.contains("\ntimesource --ntp-server=10.0.0.5\n"), "{ks}");
+            assert!(!ks.contains("--ntp-disable"), "{ks}");
+        } else {
+            assert!(ks.contains("\ntimesource --ntp-disable\n"), "{ks}");
+        }
+        // Isolated network: NTP off, no server or pool; or the site's servers only.
+        if arch == Arch::Arm64 {
+            assert_eq!(
+                v["timesources"],
+                serde_json::json!([["ntp1.lab", "", false], ["10.0.0.5", "", false]])
+            );
+        } else {
+            assert_eq!(v["timesources"], serde_json::json!([["", "", true]]));
+        }
         let append = v["append"].as_str().unwrap();
         let mounts: Vec<&str> = v["mounts"]
             .as_array()
@@ -339,6 +359,7 @@ schema = {
           "type": "object", "required": ["type"],
           "properties": {"type": {"enum": ["print", "rsyslog", "webhook", "none"]},
                          "endpoint": {"type": "string"}}}},
+      "early-commands": str_list,
       "network": {"type": "object", "required": ["version", "ethernets"]},
       "apt": {"type": "object", "additionalProperties": False, "properties": {
           "primary": mirrors, "security": mirrors,
@@ -388,6 +409,15 @@ fn user_data_validates_and_parses() {
         assert_eq!(ai["identity"]["password"], HASH);
         assert_eq!(ai["ssh"]["authorized-keys"], serde_json::json!([KEY]));
         assert_eq!(ai["timezone"], "Europe/Berlin");
+        let late = ai["late-commands"].to_string();
+        if arch == Arch::Arm64 {
+            let early = ai["early-commands"][0].as_str().unwrap();
+            assert!(early.contains("\"*.* @10.0.0.1:514\""), "{early}");
+            assert!(late.contains("NTP=ntp1.lab 10.0.0.5"), "{late}");
+        } else {
+            assert!(ai.get("early-commands").is_none(), "{ud}");
+            assert!(!late.contains("timesyncd"), "{late}");
+        }
         // Progress and errors go to pxed's reporting webhook under the boot token.
         assert_eq!(ai["reporting"]["pxed"]["type"], "webhook");
         assert_eq!(
@@ -530,6 +560,12 @@ fn preseed_validates_and_parses() {
         };
         assert_eq!(get("netcfg/get_hostname"), HOST);
         assert_eq!(get("netcfg/hostname"), HOST);
+        if arch == Arch::Arm64 {
+            assert_eq!(get("clock-setup/ntp"), "true");
+            assert_eq!(get("clock-setup/ntp-server"), "ntp1.lab");
+        } else {
+            assert_eq!(get("clock-setup/ntp"), "false");
+        }
         assert_eq!(get("mirror/protocol"), "http");
         assert_eq!(get("mirror/http/hostname"), "mirror.lab:8080");
         assert_eq!(get("mirror/http/directory"), "/pub/debian");
@@ -542,12 +578,11 @@ fn preseed_validates_and_parses() {
         );
         assert_eq!(get("pkgsel/include"), "curl pciutils");
         // Isolated network, as debconf reads it: no security/updates suites (an
-        // empty multiselect), no NTP, no unattended upgrades.
+        // empty multiselect), no NTP (unless the site has one), no unattended upgrades.
         assert_eq!(
             m[&("d-i".to_string(), "apt-setup/services-select".to_string())],
             ("multiselect".to_string(), String::new())
         );
-        assert_eq!(get("clock-setup/ntp"), "false");
         assert_eq!(get("apt-setup/non-free-firmware"), "false");
         assert_eq!(get("apt-setup/enable-source-repositories"), "false");
         assert_eq!(get("pkgsel/update-policy"), "none");
