@@ -1,0 +1,427 @@
+//! A machine's hardware inventory, as the deploy and first-boot agents (in band) and
+//! the BMC (out of band) report it, and the difference between two of them.
+//!
+//! Pure data and pure functions: collection lives in the agents and the BMC drivers,
+//! storage in the store, the decision to quarantine in the lifecycle. Devices are
+//! keyed by what stays put across reinstalls (PCI address, MAC, disk serial), so a
+//! diff names the device that went away or changed, not a position in a list.
+
+pub mod profile;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Arch;
+
+/// One machine's hardware, as far as the reporting side could see it. Every field
+/// defaults to "not reported", so a partial report (an out-of-band one without PCI
+/// links, an old agent) still parses.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Inventory {
+    pub arch: Option<Arch>,
+    pub system: System,
+    pub cpu: Cpu,
+    /// NUMA nodes with memory or CPUs.
+    pub numa_nodes: u32,
+    pub memory_mib: u64,
+    /// Every PCI function, keyed by address.
+    pub pci: Vec<PciDevice>,
+    /// GPUs and accelerators, with what the vendor tool adds where the driver runs.
+    pub gpus: Vec<Gpu>,
+    pub nics: Vec<Nic>,
+    pub disks: Vec<Disk>,
+    /// Firmware versions by component (`bios`, `bmc`, `gpu:<pci address>`,
+    /// `nic:<mac>`, or the names the BMC's `FirmwareInventory` gives).
+    pub firmware: BTreeMap<String, String>,
+}
+
+/// What the machine says it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct System {
+    pub vendor: String,
+    pub model: String,
+    pub serial: String,
+}
+
+/// Processors, summed over sockets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Cpu {
+    pub model: String,
+    pub sockets: u32,
+    pub cores: u32,
+    pub threads: u32,
+}
+
+/// A PCIe link: speed in GT/s and width in lanes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    pub speed_gts: f32,
+    pub width: u32,
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} GT/s x{}", self.speed_gts, self.width)
+    }
+}
+
+/// One PCI function.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PciDevice {
+    /// `0000:4f:00.0`.
+    pub address: String,
+    /// Class, subclass and programming interface (`0x030200` for a 3D controller).
+    pub class: u32,
+    pub vendor_id: u16,
+    pub device_id: u16,
+    pub subsystem_vendor_id: u16,
+    pub subsystem_device_id: u16,
+    /// Names from the PCI ID database where the reporter had it.
+    pub vendor: String,
+    pub device: String,
+    pub numa_node: Option<u32>,
+    /// The link as trained now, and the most the device and slot can do.
+    pub link: Option<Link>,
+    pub max_link: Option<Link>,
+}
+
+impl PciDevice {
+    /// `vendor device [vvvv:dddd]`: what rules match their globs against.
+    pub fn identifier(&self) -> String {
+        format!(
+            "{} {} [{:04x}:{:04x}]",
+            self.vendor, self.device, self.vendor_id, self.device_id
+        )
+    }
+
+    /// Display (0x03xx) and processing accelerators (0x12xx): GPUs, NPUs.
+    pub fn is_accelerator(&self) -> bool {
+        matches!(self.class >> 16, 0x03 | 0x12)
+    }
+}
+
+/// A GPU or accelerator.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Gpu {
+    pub pci_address: String,
+    /// `NVIDIA H100 80GB HBM3`, or the PCI device name without a vendor tool.
+    pub model: String,
+    pub uuid: String,
+    pub vbios: String,
+    /// Active NVLinks, where the tool reports them.
+    pub nvlinks: Option<u32>,
+    pub numa_node: Option<u32>,
+}
+
+/// A network port.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Nic {
+    pub name: String,
+    pub mac: String,
+    pub driver: String,
+    pub firmware: String,
+    pub speed_mbps: Option<u64>,
+    pub link_up: bool,
+    pub pci_address: String,
+    pub numa_node: Option<u32>,
+}
+
+/// A disk or NVMe namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Disk {
+    pub name: String,
+    pub model: String,
+    pub serial: String,
+    pub size_bytes: u64,
+}
+
+/// One difference between two inventories, in words an operator can act on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// What it is about: `pci 0000:4f:00.0 (NVIDIA H100 [10de:2330])`, `memory`.
+    pub what: String,
+    /// `removed`, `added` or `changed`.
+    pub kind: ChangeKind,
+    /// Before and after, for `changed` (and the one side for added/removed).
+    pub before: String,
+    pub after: String,
+}
+
+/// Kinds of [`Change`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Removed,
+    Added,
+    Changed,
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            ChangeKind::Removed => write!(f, "{} removed (was {})", self.what, self.before),
+            ChangeKind::Added => write!(f, "{} added ({})", self.what, self.after),
+            ChangeKind::Changed => {
+                write!(
+                    f,
+                    "{} changed: {} -> {}",
+                    self.what, self.before, self.after
+                )
+            }
+        }
+    }
+}
+
+fn opt<T: fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".into(), T::to_string)
+}
+
+/// Adds a `changed` entry when `before != after`.
+fn field(out: &mut Vec<Change>, what: String, before: String, after: String) {
+    if before != after {
+        out.push(Change {
+            what,
+            kind: ChangeKind::Changed,
+            before,
+            after,
+        });
+    }
+}
+
+/// Pairs items of two lists by key: removed, added, and both.
+fn keyed<'a, T>(
+    out: &mut Vec<Change>,
+    label: &str,
+    old: &'a [T],
+    new: &'a [T],
+    key: impl Fn(&T) -> String,
+    show: impl Fn(&T) -> String,
+    mut both: impl FnMut(&mut Vec<Change>, String, &'a T, &'a T),
+) {
+    let old_by: BTreeMap<String, &T> = old.iter().map(|x| (key(x), x)).collect();
+    let new_by: BTreeMap<String, &T> = new.iter().map(|x| (key(x), x)).collect();
+    for (k, o) in &old_by {
+        let what = format!("{label} {k}");
+        match new_by.get(k) {
+            None => out.push(Change {
+                what,
+                kind: ChangeKind::Removed,
+                before: show(o),
+                after: String::new(),
+            }),
+            Some(n) => both(out, what, o, n),
+        }
+    }
+    for (k, n) in &new_by {
+        if !old_by.contains_key(k) {
+            out.push(Change {
+                what: format!("{label} {k}"),
+                kind: ChangeKind::Added,
+                before: String::new(),
+                after: show(n),
+            });
+        }
+    }
+}
+
+/// What changed from `old` (the baseline) to `new`: devices by their stable keys,
+/// PCIe links, firmware versions, sizes. Fields a side did not report (empty, `None`,
+/// 0) are not compared, so an out-of-band baseline and an in-band report compare on
+/// what both saw.
+pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
+    let mut out = Vec::new();
+    let known = |a: u64, b: u64| a != 0 && b != 0;
+    if known(old.memory_mib, new.memory_mib) {
+        field(
+            &mut out,
+            "memory".into(),
+            format!("{} MiB", old.memory_mib),
+            format!("{} MiB", new.memory_mib),
+        );
+    }
+    if known(old.cpu.cores.into(), new.cpu.cores.into()) {
+        field(
+            &mut out,
+            "cpu cores".into(),
+            old.cpu.cores.to_string(),
+            new.cpu.cores.to_string(),
+        );
+    }
+    if known(old.numa_nodes.into(), new.numa_nodes.into()) {
+        field(
+            &mut out,
+            "numa nodes".into(),
+            old.numa_nodes.to_string(),
+            new.numa_nodes.to_string(),
+        );
+    }
+    if !old.pci.is_empty() && !new.pci.is_empty() {
+        keyed(
+            &mut out,
+            "pci",
+            &old.pci,
+            &new.pci,
+            |d| d.address.clone(),
+            PciDevice::identifier,
+            |out, what, o, n| {
+                let what = format!("{what} ({})", n.identifier());
+                if (o.vendor_id, o.device_id) != (n.vendor_id, n.device_id) {
+                    field(out, format!("{what} id"), o.identifier(), n.identifier());
+                }
+                if o.link.is_some() && n.link.is_some() {
+                    field(out, format!("{what} link"), opt(&o.link), opt(&n.link));
+                }
+            },
+        );
+    }
+    if !old.gpus.is_empty() || !new.gpus.is_empty() {
+        keyed(
+            &mut out,
+            "gpu",
+            &old.gpus,
+            &new.gpus,
+            |g| g.pci_address.clone(),
+            |g| g.model.clone(),
+            |out, what, o, n| {
+                let what = format!("{what} ({})", n.model);
+                if !o.uuid.is_empty() && !n.uuid.is_empty() {
+                    field(out, format!("{what} uuid"), o.uuid.clone(), n.uuid.clone());
+                }
+                if o.nvlinks.is_some() && n.nvlinks.is_some() {
+                    field(
+                        out,
+                        format!("{what} nvlinks"),
+                        opt(&o.nvlinks),
+                        opt(&n.nvlinks),
+                    );
+                }
+            },
+        );
+    }
+    if !old.nics.is_empty() && !new.nics.is_empty() {
+        keyed(
+            &mut out,
+            "nic",
+            &old.nics,
+            &new.nics,
+            |n| n.mac.clone(),
+            |n| format!("{} {}", n.name, n.driver),
+            |out, what, o, n| {
+                if o.speed_mbps.is_some() && n.speed_mbps.is_some() {
+                    field(
+                        out,
+                        format!("{what} speed"),
+                        format!("{} Mb/s", opt(&o.speed_mbps)),
+                        format!("{} Mb/s", opt(&n.speed_mbps)),
+                    );
+                }
+            },
+        );
+    }
+    if !old.disks.is_empty() && !new.disks.is_empty() {
+        keyed(
+            &mut out,
+            "disk",
+            &old.disks,
+            &new.disks,
+            |d| {
+                if d.serial.is_empty() {
+                    d.name.clone()
+                } else {
+                    d.serial.clone()
+                }
+            },
+            |d| format!("{} {} bytes", d.model, d.size_bytes),
+            |out, what, o, n| {
+                field(
+                    out,
+                    format!("{what} size"),
+                    o.size_bytes.to_string(),
+                    n.size_bytes.to_string(),
+                );
+            },
+        );
+    }
+    for (k, v) in &old.firmware {
+        if let Some(n) = new.firmware.get(k) {
+            field(&mut out, format!("firmware {k}"), v.clone(), n.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn h100(address: &str, width: u32) -> PciDevice {
+        PciDevice {
+            address: address.into(),
+            class: 0x030200,
+            vendor_id: 0x10de,
+            device_id: 0x2330,
+            vendor: "NVIDIA Corporation".into(),
+            device: "GH100 [H100 SXM5 80GB]".into(),
+            numa_node: Some(0),
+            link: Some(Link {
+                speed_gts: 32.0,
+                width,
+            }),
+            max_link: Some(Link {
+                speed_gts: 32.0,
+                width: 16,
+            }),
+            ..PciDevice::default()
+        }
+    }
+
+    #[test]
+    fn a_diff_names_the_device_that_went_and_the_link_that_narrowed() {
+        let old = Inventory {
+            memory_mib: 2_097_152,
+            pci: vec![h100("0000:18:00.0", 16), h100("0000:2a:00.0", 16)],
+            firmware: BTreeMap::from([("bios".into(), "1.4.2".into())]),
+            ..Inventory::default()
+        };
+        let mut new = old.clone();
+        assert!(diff(&old, &new).is_empty());
+        new.pci.remove(0);
+        new.pci[0].link = Some(Link {
+            speed_gts: 32.0,
+            width: 4,
+        });
+        new.firmware.insert("bios".into(), "1.5.0".into());
+        let d: Vec<String> = diff(&old, &new).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            d,
+            [
+                "pci 0000:18:00.0 removed (was NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330])",
+                "pci 0000:2a:00.0 (NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330]) link changed: 32 GT/s x16 -> 32 GT/s x4",
+                "firmware bios changed: 1.4.2 -> 1.5.0",
+            ]
+        );
+    }
+
+    #[test]
+    fn what_one_side_did_not_report_is_not_a_change() {
+        let old = Inventory {
+            pci: vec![h100("0000:18:00.0", 16)],
+            ..Inventory::default()
+        };
+        // An out-of-band report: no PCI list, memory only.
+        let new = Inventory {
+            memory_mib: 1024,
+            ..Inventory::default()
+        };
+        assert!(diff(&old, &new).is_empty(), "{:?}", diff(&old, &new));
+    }
+}
