@@ -136,6 +136,154 @@ pub fn nics(sys: &Path) -> Vec<NicFact> {
         .collect()
 }
 
+/// The machine's [`Inventory`](crate::inventory::Inventory) as the deploy agent sees
+/// it from sysfs and procfs under `root`: system identity and BIOS version (DMI),
+/// CPU sockets/cores/threads (topology), NUMA nodes, memory, every PCI function with
+/// its link, NICs with speed, PCI address and NUMA node, disks. What the kernel does
+/// not expose stays empty.
+pub fn inventory(root: &Path) -> crate::inventory::Inventory {
+    use crate::inventory::{Cpu, Disk, Inventory, Nic, System};
+    let sys = root.join("sys");
+    let facts = collect(root);
+    let dmi = |f: &str| read_trim(&sys.join("class/dmi/id").join(f)).unwrap_or_default();
+    let cpu_dir = sys.join("devices/system/cpu");
+    let mut packages = std::collections::BTreeSet::new();
+    let mut cores = std::collections::BTreeSet::new();
+    let mut threads = 0;
+    for n in names(&cpu_dir).into_iter().filter(|n| {
+        n.strip_prefix("cpu")
+            .is_some_and(|i| i.parse::<u32>().is_ok())
+    }) {
+        let topo = cpu_dir.join(&n).join("topology");
+        let Some(pkg) = read_trim(&topo.join("physical_package_id")) else {
+            continue;
+        };
+        let core = read_trim(&topo.join("core_id")).unwrap_or_default();
+        threads += 1;
+        cores.insert((pkg.clone(), core));
+        packages.insert(pkg);
+    }
+    let model = read_trim(&root.join("proc/cpuinfo"))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let numa_nodes = names(&sys.join("devices/system/node"))
+        .iter()
+        .filter(|n| {
+            n.strip_prefix("node")
+                .is_some_and(|i| i.parse::<u32>().is_ok())
+        })
+        .count() as u32;
+    let net = sys.join("class/net");
+    let nics = facts
+        .nics
+        .iter()
+        .map(|n| {
+            let d = net.join(&n.name);
+            Nic {
+                name: n.name.clone(),
+                mac: n.mac.clone(),
+                driver: n.driver.clone(),
+                firmware: String::new(),
+                // -1 or unreadable when the link is down.
+                speed_mbps: read_trim(&d.join("speed"))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .filter(|s| *s > 0),
+                link_up: n.carrier,
+                pci_address: fs::read_link(d.join("device"))
+                    .ok()
+                    .and_then(|l| l.file_name().map(|f| f.to_string_lossy().into_owned()))
+                    .filter(|a| a.contains(':'))
+                    .unwrap_or_default(),
+                numa_node: read_trim(&d.join("device/numa_node"))
+                    .and_then(|s| s.parse::<u32>().ok()),
+            }
+        })
+        .collect();
+    let mut firmware = std::collections::BTreeMap::new();
+    let bios = dmi("bios_version");
+    if !bios.is_empty() {
+        firmware.insert("bios".to_string(), bios);
+    }
+    Inventory {
+        arch: crate::model::Arch::parse(&facts.machine),
+        system: System {
+            vendor: dmi("sys_vendor"),
+            model: facts.product.clone(),
+            serial: dmi("product_serial"),
+        },
+        cpu: Cpu {
+            model,
+            sockets: packages.len() as u32,
+            cores: cores.len() as u32,
+            threads,
+        },
+        numa_nodes,
+        memory_mib: facts.mem_kb / 1024,
+        pci: pci(&sys),
+        gpus: Vec::new(),
+        nics,
+        disks: facts
+            .disks
+            .iter()
+            .filter(|d| !d.removable)
+            .map(|d| Disk {
+                name: d.name.clone(),
+                model: d.model.clone(),
+                serial: d.serial.clone(),
+                size_bytes: d.size,
+            })
+            .collect(),
+        firmware,
+    }
+}
+
+/// Every PCI function under `<sys>/bus/pci/devices`: IDs, class, NUMA node, and the
+/// PCIe link as trained and at most (`current_link_*`, `max_link_*`; absent on
+/// conventional PCI). Names are left empty: the deploy ramdisk carries no PCI ID
+/// database, and rules match the numeric IDs too (`[10de:2330]`).
+pub fn pci(sys: &Path) -> Vec<crate::inventory::PciDevice> {
+    let dir = sys.join("bus/pci/devices");
+    let hex = |d: &Path, f: &str| {
+        read_trim(&d.join(f)).and_then(|s| u32::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+    };
+    names(&dir)
+        .into_iter()
+        .map(|address| {
+            let d = dir.join(&address);
+            let id = |f: &str| hex(&d, f).and_then(|v| u16::try_from(v).ok()).unwrap_or(0);
+            crate::inventory::PciDevice {
+                class: hex(&d, "class").unwrap_or(0),
+                vendor_id: id("vendor"),
+                device_id: id("device"),
+                subsystem_vendor_id: id("subsystem_vendor"),
+                subsystem_device_id: id("subsystem_device"),
+                // -1: the platform has no NUMA information for the device.
+                numa_node: read_trim(&d.join("numa_node")).and_then(|s| s.parse::<u32>().ok()),
+                link: link(&d, "current"),
+                max_link: link(&d, "max"),
+                address,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// `<dev>/{current,max}_link_{speed,width}`: `16.0 GT/s PCIe` and `16`. A link that is
+/// down or unknown (`Unknown`, width 0) is `None`.
+fn link(dev: &Path, which: &str) -> Option<crate::inventory::Link> {
+    let speed = read_trim(&dev.join(format!("{which}_link_speed")))?;
+    let width: u32 = read_trim(&dev.join(format!("{which}_link_width")))?
+        .parse()
+        .ok()?;
+    let speed_gts: f32 = speed.split_whitespace().next()?.parse().ok()?;
+    (width > 0 && speed_gts > 0.0).then_some(crate::inventory::Link { speed_gts, width })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +399,43 @@ mod tests {
         let f = collect(t.path());
         assert_eq!(f.mem_kb, 0);
         assert!(f.disks.is_empty() && f.nics.is_empty());
+    }
+
+    #[test]
+    fn pci_functions_and_links_from_sysfs() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        let gpu = "sys/bus/pci/devices/0000:18:00.0";
+        put(r, &format!("{gpu}/class"), "0x030200\n");
+        put(r, &format!("{gpu}/vendor"), "0x10de\n");
+        put(r, &format!("{gpu}/device"), "0x2330\n");
+        put(r, &format!("{gpu}/subsystem_vendor"), "0x10de\n");
+        put(r, &format!("{gpu}/subsystem_device"), "0x16c1\n");
+        put(r, &format!("{gpu}/numa_node"), "1\n");
+        put(r, &format!("{gpu}/current_link_speed"), "32.0 GT/s PCIe\n");
+        put(r, &format!("{gpu}/current_link_width"), "4\n");
+        put(r, &format!("{gpu}/max_link_speed"), "32.0 GT/s PCIe\n");
+        put(r, &format!("{gpu}/max_link_width"), "16\n");
+        let bridge = "sys/bus/pci/devices/0000:00:00.0";
+        put(r, &format!("{bridge}/class"), "0x060000\n");
+        put(r, &format!("{bridge}/vendor"), "0x8086\n");
+        put(r, &format!("{bridge}/device"), "0x29c0\n");
+        put(r, &format!("{bridge}/numa_node"), "-1\n");
+        put(r, &format!("{bridge}/current_link_speed"), "Unknown\n");
+        put(r, &format!("{bridge}/current_link_width"), "0\n");
+        let v = pci(&r.join("sys"));
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].address, "0000:00:00.0");
+        assert_eq!((v[0].numa_node, v[0].link), (None, None));
+        let g = &v[1];
+        assert_eq!(
+            (g.class, g.vendor_id, g.device_id),
+            (0x030200, 0x10de, 0x2330)
+        );
+        assert_eq!(g.subsystem_device_id, 0x16c1);
+        assert_eq!(g.numa_node, Some(1));
+        assert_eq!(g.link.unwrap().to_string(), "32 GT/s x4");
+        assert_eq!(g.max_link.unwrap().width, 16);
+        assert!(g.is_accelerator() && !v[0].is_accelerator());
     }
 }

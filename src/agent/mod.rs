@@ -45,6 +45,14 @@ pub enum AgentCmd {
     /// (resume with Range, verify size and SHA-256 while writing, fsync): for
     /// operators, and for `bench/deploy.sh`.
     WriteImage(WriteImageArgs),
+    /// Print this machine's hardware inventory as the deploy agent reports it (JSON):
+    /// PCI functions with their links, NICs, disks, CPU topology, NUMA, firmware. What
+    /// a hardware profile is checked against.
+    Inventory {
+        /// Read sysfs and procfs under this directory instead of `/`.
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
 }
 
 /// Flags of `pxed agent write-image`.
@@ -201,6 +209,19 @@ pub fn run(cmd: AgentCmd) -> ExitCode {
         }
     };
     let result = match &cmd {
+        AgentCmd::Inventory { root } => {
+            let inv = facts::inventory(root);
+            match serde_json::to_string_pretty(&inv) {
+                Ok(text) => {
+                    println!("{text}");
+                    Ok(Done::Exit)
+                }
+                Err(e) => {
+                    eprintln!("pxed-agent: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
         AgentCmd::Deploy(args) => rt.block_on(deploy(args)),
         AgentCmd::WriteImage(args) => rt.block_on(write_image(args)),
     };

@@ -76,11 +76,16 @@ impl fmt::Display for Link {
 pub struct PciDevice {
     /// `0000:4f:00.0`.
     pub address: String,
-    /// Class, subclass and programming interface (`0x030200` for a 3D controller).
+    /// Class, subclass and programming interface (`030200` for a 3D controller).
+    #[serde(with = "hex")]
     pub class: u32,
+    #[serde(with = "hex")]
     pub vendor_id: u16,
+    #[serde(with = "hex")]
     pub device_id: u16,
+    #[serde(with = "hex")]
     pub subsystem_vendor_id: u16,
+    #[serde(with = "hex")]
     pub subsystem_device_id: u16,
     /// Names from the PCI ID database where the reporter had it.
     pub vendor: String,
@@ -103,6 +108,41 @@ impl PciDevice {
     /// Display (0x03xx) and processing accelerators (0x12xx): GPUs, NPUs.
     pub fn is_accelerator(&self) -> bool {
         matches!(self.class >> 16, 0x03 | 0x12)
+    }
+}
+
+/// PCI IDs as lspci writes them (`10de`, class `030200`); numbers are read too.
+mod hex {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub trait Id: Copy + Into<u64> + TryFrom<u64> {
+        const DIGITS: usize;
+    }
+    impl Id for u16 {
+        const DIGITS: usize = 4;
+    }
+    impl Id for u32 {
+        const DIGITS: usize = 6;
+    }
+
+    pub fn serialize<T: Id, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        let n: u64 = (*v).into();
+        s.collect_str(&format_args!("{n:0w$x}", w = T::DIGITS))
+    }
+
+    pub fn deserialize<'de, T: Id, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        let n = match Raw::deserialize(d)? {
+            Raw::N(n) => n,
+            Raw::S(s) => u64::from_str_radix(s.trim_start_matches("0x"), 16)
+                .map_err(|_| serde::de::Error::custom(format!("{s:?} is not a hex PCI id")))?,
+        };
+        T::try_from(n).map_err(|_| serde::de::Error::custom(format!("PCI id {n:x} too large")))
     }
 }
 
@@ -409,6 +449,31 @@ mod tests {
                 "firmware bios changed: 1.4.2 -> 1.5.0",
             ]
         );
+    }
+
+    #[test]
+    fn pci_ids_read_and_write_as_lspci_does() {
+        let d = h100("0000:18:00.0", 16);
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            (
+                &v["class"],
+                &v["vendor_id"],
+                &v["device_id"],
+                &v["subsystem_vendor_id"]
+            ),
+            (
+                &"030200".into(),
+                &"10de".into(),
+                &"2330".into(),
+                &"0000".into()
+            )
+        );
+        assert_eq!(serde_json::from_value::<PciDevice>(v).unwrap(), d);
+        let n: PciDevice =
+            serde_json::from_str(r#"{"vendor_id": 4318, "device_id": "0x2330"}"#).unwrap();
+        assert_eq!((n.vendor_id, n.device_id), (0x10de, 0x2330));
+        assert!(serde_json::from_str::<PciDevice>(r#"{"vendor_id": "10000"}"#).is_err());
     }
 
     #[test]

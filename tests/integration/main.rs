@@ -9,6 +9,7 @@ mod daemon;
 mod dhcp;
 mod image_check;
 mod install;
+mod inventory;
 mod lifecycle;
 mod netns;
 mod qemu;
