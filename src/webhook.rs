@@ -351,9 +351,17 @@ impl Delivery {
                 }
                 Err(e) => {
                     self.stats.deliveries.inc(["unreachable"]);
-                    // reqwest's error names the URL; keep only the cause.
+                    // reqwest's error names the URL (it may hold a token): keep the
+                    // causes only.
                     let e = e.without_url();
-                    format!("{e}")
+                    let mut why = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        why.push_str(": ");
+                        why.push_str(&s.to_string());
+                        src = s.source();
+                    }
+                    why
                 }
             };
             let delay = backoff(self.backoff, self.max_backoff, attempt);

@@ -15,3 +15,4 @@ mod qemu;
 mod status;
 mod telemetry;
 mod tftp;
+mod webhooks;
