@@ -426,3 +426,101 @@ async fn node_wait_exits_by_outcome() {
     let (code, _, err) = finish(wait_cmd(&d, &["no-such-node", "--timeout", "30s"]));
     assert_eq!(code, 1, "{err}");
 }
+
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// contrib/webhook/pxed-webhook-receiver between pxed and a scheduler: it runs the
+/// command for the state a node entered, with the event in its environment, once per
+/// event; a bad signature runs nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_contrib_receiver_runs_the_command_of_each_state_once() {
+    use std::io::BufRead;
+    crate::common::need("python3");
+    pxed::net::install_crypto_provider();
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("out");
+    let mut child = Command::new("python3")
+        .arg(repo().join("contrib/webhook/pxed-webhook-receiver"))
+        .args(["--listen", "127.0.0.1:0", "--state-file"])
+        .arg(work.path().join("state"))
+        .arg(format!(
+            "--on=available=echo \"$PXED_NODE_NAME $PXED_GENERATION $PXED_FROM $PXED_NODE_MACS\" >> {}",
+            out.display()
+        ))
+        .arg(format!(
+            "--on=failed=echo \"$PXED_NODE_NAME failed: $PXED_REASON\" >> {}",
+            out.display()
+        ))
+        .env("PXED_WEBHOOK_SECRET", SECRET)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let _rx = Proc(child);
+    let addr = first
+        .trim()
+        .strip_prefix("listening on ")
+        .expect(&first)
+        .to_string();
+    let url = format!("http://{addr}/");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &url);
+    let d = Daemon::start_in(dir, &["--config", cfg.as_str()], ENV);
+    let api = Api::new(TOKEN);
+    let n = add_node(&api, &d, "rx-a", "52:54:00:00:33:01").await;
+    act(&api, &d, n, "allocate").await;
+    act(&api, &d, n, "release").await;
+    failed_reinstall(&api, &d, n).await;
+    let lines = async || {
+        let t = std::fs::read_to_string(&out).unwrap_or_default();
+        (t.lines().count() >= 2).then_some(t)
+    };
+    let text = match poll(Duration::from_secs(30), lines).await {
+        Some(t) => t,
+        None => panic!("commands did not run\n{}", d.log_text()),
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "rx-a 0 allocated 52:54:00:00:33:01", "{text}");
+    assert!(lines[1].starts_with("rx-a failed: "), "{text}");
+    assert!(lines[1].contains("no BMC is configured"), "{text}");
+
+    // A forged event runs nothing; a repeated one is acknowledged and skipped.
+    let http = reqwest::Client::new();
+    let forged = r#"{"id":999,"to":"available","node":{"id":1,"name":"evil"}}"#;
+    let r = http
+        .post(&url)
+        .header("X-Pxed-Signature", "sha256=00")
+        .body(forged)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let replay = r#"{"id":1,"to":"available","node":{"id":1,"name":"again"}}"#;
+    let r = http
+        .post(&url)
+        .header(
+            "X-Pxed-Signature",
+            pxed::webhook::sign(SECRET.as_bytes(), replay.as_bytes()),
+        )
+        .body(replay)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        text,
+        "a replay ran again"
+    );
+}
