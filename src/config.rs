@@ -1664,6 +1664,61 @@ mod tests {
         assert!(s.contains("********"));
     }
 
+    /// `[[webhooks.targets]]`: a secret from the file or `secret_file`, states by name,
+    /// each URL once; the secret shows neither in `check-config` nor in `Debug`.
+    #[test]
+    fn webhook_targets_are_validated_and_their_secrets_masked() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret_file = dir.path().join("hook.secret");
+        std::fs::write(&secret_file, "from-file-s3cret\n").unwrap();
+        let load_text = |text: &str| {
+            let p = dir.path().join("pxed.toml");
+            std::fs::write(&p, text).unwrap();
+            load(Some(&p), env(&[]), &Flags::default())
+        };
+        let c = load_text(&format!(
+            r#"[webhooks]
+backoff = "2s"
+[[webhooks.targets]]
+url = "https://a.example/hook"
+secret = "inline-s3cret"
+states = ["available", "failed"]
+[[webhooks.targets]]
+url = "http://b.example:8088/"
+secret_file = "{}"
+"#,
+            secret_file.display()
+        ))
+        .unwrap();
+        let w = &c.webhooks;
+        assert_eq!(w.backoff, Duration::from_secs(2));
+        assert_eq!(w.targets[0].states, [State::Available, State::Failed]);
+        assert_eq!(w.targets[1].secret, "from-file-s3cret");
+        assert!(w.targets[1].states.is_empty());
+        let shown = format!("{}{c:?}", toml::to_string(&c).unwrap());
+        assert!(!shown.contains("s3cret"), "{shown}");
+        for (bad, why) in [
+            ("url = \"ftp://x/\"\nsecret = \"k\"", "not an http(s) URL"),
+            ("url = \"http://x/\"", "set one of secret or secret_file"),
+            ("url = \"http://x/\"\nsecret = \"\"", "the secret is empty"),
+            (
+                "url = \"http://x/\"\nsecret = \"k\"\nstates = [\"done\"]",
+                "is not a state",
+            ),
+        ] {
+            let e = load_text(&format!("[[webhooks.targets]]\n{bad}\n")).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
+        let twice = "[[webhooks.targets]]\nurl = \"http://x/\"\nsecret = \"k\"\n";
+        let e = load_text(&format!("{twice}{twice}")).unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
+        let e = load_text("[webhooks]\nbackoff = \"10m\"\nmax_backoff = \"1m\"\n").unwrap_err();
+        assert!(
+            e.to_string().contains("shorter than webhooks.backoff"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn durations_and_macs() {
         assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));

@@ -23,6 +23,8 @@ type Got = Arc<Mutex<Vec<(String, String, String)>>>;
 struct Receiver {
     port: u16,
     got: Got,
+    /// When each request arrived.
+    times: Arc<Mutex<Vec<std::time::Instant>>>,
     stop: Option<tokio_util::sync::CancellationToken>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -33,6 +35,7 @@ impl Receiver {
         let mut r = Receiver {
             port: l.local_addr().unwrap().port(),
             got: Got::default(),
+            times: Arc::default(),
             stop: None,
             task: None,
         };
@@ -41,13 +44,14 @@ impl Receiver {
     }
 
     fn serve(&mut self, l: tokio::net::TcpListener) {
-        let got = self.got.clone();
+        let (got, times) = (self.got.clone(), self.times.clone());
         let app = axum::Router::new().route(
             "/hook",
             axum::routing::post(
                 move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                    let got = got.clone();
+                    let (got, times) = (got.clone(), times.clone());
                     async move {
+                        times.lock().unwrap().push(std::time::Instant::now());
                         let h = |k: &str| {
                             headers
                                 .get(k)
@@ -522,5 +526,38 @@ async fn the_contrib_receiver_runs_the_command_of_each_state_once() {
         std::fs::read_to_string(&out).unwrap(),
         text,
         "a replay ran again"
+    );
+}
+
+/// A measurement, not a check (`cargo test --test integration webhooks::latency --
+/// --ignored --nocapture`): 100 state changes through the API, each timed from the
+/// API's answer to the receiver's receipt.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore]
+async fn latency() {
+    pxed::net::install_crypto_provider();
+    let r = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &r.url());
+    let d = Daemon::start_in(dir, &["--config", cfg.as_str()], ENV);
+    let api = Api::new(TOKEN);
+    let n = add_node(&api, &d, "lat", "52:54:00:00:34:01").await;
+    let mut lat = Vec::new();
+    let start = std::time::Instant::now();
+    for i in 0..100 {
+        act(&api, &d, n, if i % 2 == 0 { "allocate" } else { "release" }).await;
+        let t = std::time::Instant::now();
+        wait_count(&r, &d, i + 1).await;
+        lat.push(r.times.lock().unwrap()[i].saturating_duration_since(t));
+    }
+    let total = start.elapsed();
+    assert_eq!(check_received(&r, &api, &d, &[n]).await, 100);
+    lat.sort();
+    eprintln!(
+        "webhook latency (API answer -> receiver), 100 changes: p50 {:?}, p95 {:?}, max {:?}; {:.0} changes/s end to end",
+        lat[49],
+        lat[94],
+        lat[99],
+        100.0 / total.as_secs_f64()
     );
 }
