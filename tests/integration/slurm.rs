@@ -371,5 +371,38 @@ async fn a_finished_job_reinstalls_its_node_and_slurm_gets_it_back() {
     let log = std::fs::read_to_string(slurm_dir.join("reclaim.log")).unwrap();
     assert!(log.contains("key slurm-pxedtest-job1-node1"), "{log}");
     assert!(log.contains("key slurm-pxedtest-job2-node1"), "{log}");
+
+    // The operator runs the hook by hand once the cause is fixed: exit 0, node idle.
+    let by_hand = || {
+        let mut c = Command::new(&hook);
+        c.arg("node1")
+            .env("PXED_RECLAIM_CONF", &conf)
+            .env("PXED_IDEMPOTENCY_PREFIX", "ops-1");
+        std::thread::spawn(move || run(&mut c))
+    };
+    let h = by_hand();
+    play_the_node(&api, &d, id).await;
+    let (ok, out, err) = tokio::task::block_in_place(|| h.join().unwrap());
+    assert!(ok, "{out}{err}\n{}", slurm.logs());
+    tokio::task::block_in_place(|| {
+        slurm.wait_node(
+            "node1 idle after the run by hand",
+            Duration::from_secs(60),
+            |st, _| st == "idle",
+        )
+    });
+    assert_eq!(api.node(&d, id).await["generation"], 3);
+    // Run again with the same key: pxed answers with the same reinstall (already
+    // done), so the node is back at once without a second install.
+    let (ok, out, err) = tokio::task::block_in_place(|| by_hand().join().unwrap());
+    assert!(ok, "{out}{err}\n{}", slurm.logs());
+    tokio::task::block_in_place(|| {
+        slurm.wait_node(
+            "node1 idle after the repeat",
+            Duration::from_secs(60),
+            |st, _| st == "idle",
+        )
+    });
+    assert_eq!(api.node(&d, id).await["generation"], 3, "reinstalled twice");
     eprintln!("{}", slurm.logs());
 }
