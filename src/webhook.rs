@@ -31,6 +31,10 @@ pub const EVENT_ID_HEADER: &str = "X-Pxed-Event-Id";
 /// missed between a query and the wait; this bounds the delay it costs).
 const POLL: Duration = Duration::from_secs(1);
 
+/// How often the pruner runs without a wake-up: it deletes what every URL has had
+/// and refreshes the queue-depth gauge. A write transaction, so not every second.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
 /// Woken after each commit that queued an event.
 static WAKE: Notify = Notify::const_new();
 
@@ -257,10 +261,10 @@ async fn prune_loop(
         tokio::select! {
             // CANCEL-SAFETY: only waits.
             _ = cancel.cancelled() => return,
-            // CANCEL-SAFETY: only waits; a missed wake-up is caught by the poll.
+            // CANCEL-SAFETY: only waits; a missed wake-up is caught by the timer.
             _ = &mut wake => {}
             // CANCEL-SAFETY: only waits.
-            _ = tokio::time::sleep(POLL) => {}
+            _ = tokio::time::sleep(PRUNE_EVERY) => {}
         }
     }
 }
