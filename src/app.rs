@@ -254,6 +254,16 @@ pub async fn run(
         });
     }
 
+    {
+        // Started even with no URL configured: it keeps the outbox empty.
+        let stats = Arc::new(crate::webhook::WebhookStats::new(
+            cfg.webhooks.targets.len(),
+        ));
+        state.renders.lock().expect("lock").push(stats.clone());
+        let (st, settings, c) = (store.clone(), cfg.webhooks.clone(), cancel.clone());
+        tasks.spawn(async move { Ok(crate::webhook::run(st, settings, stats, c).await?) });
+    }
+
     let resumed = state.lifecycle.resume().await?;
     if resumed > 0 {
         tracing::info!(nodes = resumed, "resumed in-progress nodes from the store");

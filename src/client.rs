@@ -109,6 +109,161 @@ pub enum NodeCmd {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Wait until a node reaches a state (exit 0), or say why not: it went failed (3)
+    /// or quarantined (4), with pxed's reason, or the timeout passed (5).
+    Wait(WaitArgs),
+}
+
+/// Exit codes of `pxed node wait` (1 is any other error; clap uses 2 for usage).
+pub mod wait_exit {
+    /// The node reached the state.
+    pub const REACHED: u8 = 0;
+    /// The node went `failed` (the reason is printed).
+    pub const FAILED: u8 = 3;
+    /// The node went `quarantined` (the reason is printed).
+    pub const QUARANTINED: u8 = 4;
+    /// The timeout passed first.
+    pub const TIMEOUT: u8 = 5;
+}
+
+/// `pxed node wait`'s arguments.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Exit status: 0 the node reached the state; 3 it went failed; \
+4 it went quarantined (the reason is printed on stderr for both); 5 the timeout passed; \
+1 any other error (unknown node, bad token). While pxed cannot be reached the wait goes \
+on until the timeout."
+)]
+pub struct WaitArgs {
+    /// Node (id, name, hostname or MAC).
+    pub node: String,
+    /// The state to wait for.
+    #[arg(long, default_value = "available")]
+    pub state: crate::model::State,
+    /// Give up after this long (`90s`, `30m`, `2h`).
+    #[arg(long, default_value = "30m", value_parser = crate::config::parse_duration)]
+    pub timeout: std::time::Duration,
+    /// Count only states of this generation or a later one: the generation a reinstall
+    /// answered with (`pxed node reinstall --json`), so a wait after a reinstall does not
+    /// return on the `available` (or `failed`) from before it. Default: the node's
+    /// generation when the wait starts.
+    #[arg(long)]
+    pub generation: Option<i64>,
+    /// How often to ask pxed.
+    #[arg(long, default_value = "2s", value_parser = crate::config::parse_duration)]
+    pub interval: std::time::Duration,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// What a look at the node says to a waiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitVerdict {
+    Reached,
+    /// `failed` or `quarantined` (not the state waited for), with the reason.
+    Stopped {
+        state: crate::model::State,
+        reason: String,
+    },
+    Waiting,
+}
+
+/// Decides from one view of the node: states count only at `generation` or later;
+/// `failed` and `quarantined` end the wait unless they are what it waits for.
+pub fn wait_verdict(n: &NodeView, want: crate::model::State, generation: i64) -> WaitVerdict {
+    use crate::model::State;
+    if n.generation < generation {
+        return WaitVerdict::Waiting;
+    }
+    if n.state == want {
+        return WaitVerdict::Reached;
+    }
+    match n.state {
+        State::Failed | State::Quarantined => WaitVerdict::Stopped {
+            state: n.state,
+            reason: match (&n.failed_step, &n.failed_reason) {
+                (Some(step), Some(r)) => format!("{step}: {r}"),
+                (None, Some(r)) => r.clone(),
+                (Some(step), None) => step.to_string(),
+                (None, None) => "no reason recorded".into(),
+            },
+        },
+        _ => WaitVerdict::Waiting,
+    }
+}
+
+/// Runs `pxed node wait` (see [`wait_exit`]).
+pub fn run_wait(a: WaitArgs) -> ExitCode {
+    match rt().block_on(wait(&a)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn wait(a: &WaitArgs) -> Result<u8, ClientError> {
+    let api = Api::new(&a.api)?;
+    let deadline = tokio::time::Instant::now() + a.timeout;
+    let path = format!("/nodes/{}", a.node);
+    let mut generation = a.generation;
+    let mut last: Option<NodeView> = None;
+    loop {
+        match api
+            .call::<NodeDetail>(reqwest::Method::GET, &path, None, &[])
+            .await
+        {
+            Ok(d) => {
+                let g = *generation.get_or_insert(d.node.generation);
+                match wait_verdict(&d.node, a.state, g) {
+                    WaitVerdict::Reached => {
+                        if a.api.json {
+                            print_json(&d.node);
+                        } else {
+                            println!(
+                                "node {} is {} (generation {})",
+                                a.node, d.node.state, d.node.generation
+                            );
+                        }
+                        return Ok(wait_exit::REACHED);
+                    }
+                    WaitVerdict::Stopped { state, reason } => {
+                        if a.api.json {
+                            print_json(&d.node);
+                        }
+                        eprintln!(
+                            "node {} is {state} (generation {}): {reason}",
+                            a.node, d.node.generation
+                        );
+                        return Ok(if state == crate::model::State::Failed {
+                            wait_exit::FAILED
+                        } else {
+                            wait_exit::QUARANTINED
+                        });
+                    }
+                    WaitVerdict::Waiting => last = Some(d.node),
+                }
+            }
+            // pxed restarting (or the network) must not end a reclaim hook's wait.
+            Err(e @ ClientError::Http { .. }) => eprintln!("warning: {e}; still waiting"),
+            Err(e) => return Err(e),
+        }
+        if tokio::time::Instant::now() + a.interval > deadline {
+            let now = last.map_or_else(
+                || "unknown".to_string(),
+                |n| format!("{} (generation {})", n.state, n.generation),
+            );
+            eprintln!(
+                "timeout: node {} did not reach {} within {}; it is {now}",
+                a.node,
+                a.state,
+                crate::config::fmt_duration(a.timeout)
+            );
+            return Ok(wait_exit::TIMEOUT);
+        }
+        tokio::time::sleep(a.interval).await;
+    }
 }
 
 /// `pxed image ...`.
@@ -378,7 +533,10 @@ const NODE_HEADERS: &[&str] = &[
 
 /// Runs `pxed node ...`.
 pub fn run_node(cmd: NodeCmd) -> ExitCode {
-    finish(rt().block_on(node(cmd)))
+    match cmd {
+        NodeCmd::Wait(a) => run_wait(a),
+        cmd => finish(rt().block_on(node(cmd))),
+    }
 }
 
 /// OpenSSH public keys from a file (or stdin for `-`): one per line, blank lines and
@@ -599,6 +757,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                 );
             }
         }
+        NodeCmd::Wait(_) => unreachable!("run_node runs wait"),
     }
     Ok(())
 }
@@ -849,4 +1008,91 @@ async fn check_direct(d: DirectBmc) -> Result<crate::bmc::CheckReport, ClientErr
     crate::bmc::check(&ep)
         .await
         .map_err(|e| ClientError::Other(format!("check failed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::State;
+
+    fn view(state: State, generation: i64, reason: Option<&str>) -> NodeView {
+        NodeView {
+            id: 1,
+            name: None,
+            hostname: None,
+            arch: NodeArch::UNKNOWN,
+            state,
+            since: String::new(),
+            generation,
+            attempt: 0,
+            image: None,
+            failed_step: reason.map(|_| crate::model::Step::Stage(State::Netbooting)),
+            failed_reason: reason.map(str::to_string),
+            macs: Vec::new(),
+            facts: None,
+        }
+    }
+
+    /// States older than the generation waited for never end the wait: the
+    /// `available` (or `failed`) from before a reinstall is not its result.
+    #[test]
+    fn wait_follows_the_generation() {
+        use WaitVerdict::*;
+        let stopped = |state| Stopped {
+            state,
+            reason: "netbooting: deadline".into(),
+        };
+        let rows = [
+            (
+                view(State::Available, 3, None),
+                State::Available,
+                3,
+                Reached,
+            ),
+            (
+                view(State::Available, 4, None),
+                State::Available,
+                3,
+                Reached,
+            ),
+            (
+                view(State::Available, 2, None),
+                State::Available,
+                3,
+                Waiting,
+            ),
+            (
+                view(State::Failed, 2, Some("old")),
+                State::Available,
+                3,
+                Waiting,
+            ),
+            (
+                view(State::Installing, 3, None),
+                State::Available,
+                3,
+                Waiting,
+            ),
+            (
+                view(State::Failed, 3, Some("deadline")),
+                State::Available,
+                3,
+                stopped(State::Failed),
+            ),
+            (
+                view(State::Quarantined, 3, Some("deadline")),
+                State::Available,
+                3,
+                stopped(State::Quarantined),
+            ),
+            (view(State::Failed, 3, Some("x")), State::Failed, 3, Reached),
+        ];
+        for (n, want, g, expect) in rows {
+            assert_eq!(
+                wait_verdict(&n, want, g),
+                expect,
+                "{n:?} want {want} gen {g}"
+            );
+        }
+    }
 }

@@ -95,6 +95,34 @@ pub struct Wire {
     pub bmc: Option<BmcWire>,
     pub discovery: Option<DiscoveryWire>,
     pub syslog: Option<SyslogWire>,
+    pub webhooks: Option<WebhooksWire>,
+}
+
+/// `[webhooks]`: outgoing webhooks on node state changes (issue 12).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhooksWire {
+    /// Events kept on disk for URLs that are behind; past it the oldest are dropped.
+    pub queue_cap: Option<i64>,
+    /// First retry delay; doubles per failed attempt up to `max_backoff`.
+    pub backoff: Option<String>,
+    pub max_backoff: Option<String>,
+    /// Bound on one delivery (connect, send, answer).
+    pub timeout: Option<String>,
+    /// `[[webhooks.targets]]`: config file only.
+    pub targets: Option<Vec<WebhookTargetWire>>,
+}
+
+/// `[[webhooks.targets]]`: one URL that gets every state change (or those it filters).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookTargetWire {
+    pub url: String,
+    /// HMAC-SHA256 key for `X-Pxed-Signature` (or `secret_file`).
+    pub secret: Option<String>,
+    pub secret_file: Option<PathBuf>,
+    /// Only changes into these states (default: every change).
+    pub states: Option<Vec<String>>,
 }
 
 /// `[syslog]`: pxed's receiver for installer logs (issue 11).
@@ -417,6 +445,56 @@ pub struct Config {
     pub bmc: BmcSettings,
     pub discovery: DiscoverySettings,
     pub syslog: SyslogSettings,
+    pub webhooks: WebhookSettings,
+}
+
+/// Validated `[webhooks]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WebhookSettings {
+    pub queue_cap: u32,
+    #[serde(with = "secs")]
+    pub backoff: Duration,
+    #[serde(with = "secs")]
+    pub max_backoff: Duration,
+    #[serde(with = "secs")]
+    pub timeout: Duration,
+    pub targets: Vec<WebhookTarget>,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        WebhookSettings {
+            queue_cap: 10_000,
+            backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+            timeout: Duration::from_secs(10),
+            targets: Vec::new(),
+        }
+    }
+}
+
+/// One webhook URL. The secret is masked in `check-config` and in `Debug`.
+#[derive(Clone, Serialize)]
+pub struct WebhookTarget {
+    pub url: String,
+    #[serde(serialize_with = "mask_str")]
+    pub secret: String,
+    /// Empty: every state.
+    pub states: Vec<State>,
+}
+
+impl std::fmt::Debug for WebhookTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookTarget")
+            .field("url", &self.url)
+            .field("secret", &"********")
+            .field("states", &self.states)
+            .finish()
+    }
+}
+
+fn mask_str<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("********")
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -590,6 +668,11 @@ pub const BOUNDS: &[(&str, Range)] = &[
     ("syslog.idle_timeout", Range::secs(1, DAY)),
     // RFC 5426 asks receivers to take 2048 bytes; 64 KiB is the largest UDP datagram.
     ("syslog.max_line", Range::count(480, 65_535)),
+    // Events waiting on disk for a URL that is down: a day of a busy fleet's changes.
+    ("webhooks.queue_cap", Range::count(10, 10_000_000)),
+    ("webhooks.backoff", Range::ms(10, HOUR * 1000)),
+    ("webhooks.max_backoff", Range::ms(10, DAY * 1000)),
+    ("webhooks.timeout", Range::ms(100, 5 * MINUTE * 1000)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -882,6 +965,10 @@ pub const ENV_KEYS: &[&str] = &[
     "syslog.max_connections",
     "syslog.idle_timeout",
     "syslog.max_line",
+    "webhooks.queue_cap",
+    "webhooks.backoff",
+    "webhooks.max_backoff",
+    "webhooks.timeout",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1218,6 +1305,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             format!("{bad:?} is not a host name or an IP address"),
         ));
     }
+    let webhooks = validate_webhooks(w.webhooks.unwrap_or_default())?;
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
     Ok(Config {
         interfaces,
@@ -1256,7 +1344,75 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         bmc,
         discovery,
         syslog,
+        webhooks,
     })
+}
+
+fn validate_webhooks(w: WebhooksWire) -> Result<WebhookSettings, ConfigError> {
+    let def = WebhookSettings::default();
+    let s = WebhookSettings {
+        queue_cap: count("webhooks.queue_cap", w.queue_cap, def.queue_cap.into())?,
+        backoff: duration("webhooks.backoff", w.backoff.as_deref(), def.backoff)?,
+        max_backoff: duration(
+            "webhooks.max_backoff",
+            w.max_backoff.as_deref(),
+            def.max_backoff,
+        )?,
+        timeout: duration("webhooks.timeout", w.timeout.as_deref(), def.timeout)?,
+        targets: Vec::new(),
+    };
+    if s.max_backoff < s.backoff {
+        return Err(invalid(
+            "webhooks.max_backoff",
+            format!(
+                "{} is shorter than webhooks.backoff ({})",
+                fmt_duration(s.max_backoff),
+                fmt_duration(s.backoff)
+            ),
+        ));
+    }
+    let mut targets: Vec<WebhookTarget> = Vec::new();
+    for t in w.targets.unwrap_or_default() {
+        let key = "webhooks.targets";
+        match reqwest::Url::parse(&t.url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            _ => return Err(invalid(key, format!("{:?} is not an http(s) URL", t.url))),
+        }
+        if targets.iter().any(|o| o.url == t.url) {
+            return Err(invalid(key, format!("{} is listed twice", t.url)));
+        }
+        let secret = match (t.secret, &t.secret_file) {
+            (Some(s), None) => s,
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?
+                .trim()
+                .to_string(),
+            _ => {
+                return Err(invalid(
+                    key,
+                    format!("{}: set one of secret or secret_file", t.url),
+                ));
+            }
+        };
+        if secret.is_empty() {
+            return Err(invalid(key, format!("{}: the secret is empty", t.url)));
+        }
+        let states = t
+            .states
+            .unwrap_or_default()
+            .iter()
+            .map(|s| {
+                s.parse::<State>()
+                    .map_err(|_| invalid(key, format!("{}: {s:?} is not a state", t.url)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        targets.push(WebhookTarget {
+            url: t.url,
+            secret,
+            states,
+        });
+    }
+    Ok(WebhookSettings { targets, ..s })
 }
 
 fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
@@ -1558,6 +1714,61 @@ mod tests {
         assert!(s.contains("********"));
     }
 
+    /// `[[webhooks.targets]]`: a secret from the file or `secret_file`, states by name,
+    /// each URL once; the secret shows neither in `check-config` nor in `Debug`.
+    #[test]
+    fn webhook_targets_are_validated_and_their_secrets_masked() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret_file = dir.path().join("hook.secret");
+        std::fs::write(&secret_file, "from-file-s3cret\n").unwrap();
+        let load_text = |text: &str| {
+            let p = dir.path().join("pxed.toml");
+            std::fs::write(&p, text).unwrap();
+            load(Some(&p), env(&[]), &Flags::default())
+        };
+        let c = load_text(&format!(
+            r#"[webhooks]
+backoff = "2s"
+[[webhooks.targets]]
+url = "https://a.example/hook"
+secret = "inline-s3cret"
+states = ["available", "failed"]
+[[webhooks.targets]]
+url = "http://b.example:8088/"
+secret_file = "{}"
+"#,
+            secret_file.display()
+        ))
+        .unwrap();
+        let w = &c.webhooks;
+        assert_eq!(w.backoff, Duration::from_secs(2));
+        assert_eq!(w.targets[0].states, [State::Available, State::Failed]);
+        assert_eq!(w.targets[1].secret, "from-file-s3cret");
+        assert!(w.targets[1].states.is_empty());
+        let shown = format!("{}{c:?}", toml::to_string(&c).unwrap());
+        assert!(!shown.contains("s3cret"), "{shown}");
+        for (bad, why) in [
+            ("url = \"ftp://x/\"\nsecret = \"k\"", "not an http(s) URL"),
+            ("url = \"http://x/\"", "set one of secret or secret_file"),
+            ("url = \"http://x/\"\nsecret = \"\"", "the secret is empty"),
+            (
+                "url = \"http://x/\"\nsecret = \"k\"\nstates = [\"done\"]",
+                "is not a state",
+            ),
+        ] {
+            let e = load_text(&format!("[[webhooks.targets]]\n{bad}\n")).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
+        let twice = "[[webhooks.targets]]\nurl = \"http://x/\"\nsecret = \"k\"\n";
+        let e = load_text(&format!("{twice}{twice}")).unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
+        let e = load_text("[webhooks]\nbackoff = \"10m\"\nmax_backoff = \"1m\"\n").unwrap_err();
+        assert!(
+            e.to_string().contains("shorter than webhooks.backoff"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn durations_and_macs() {
         assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
@@ -1771,7 +1982,11 @@ mod tests {
         use proptest::prelude::*;
 
         /// Keys set only in the file (lists of tables).
-        const FILE_ONLY_KEYS: &[&str] = &["dhcp.reservations", "dhcp.relay_subnets"];
+        const FILE_ONLY_KEYS: &[&str] = &[
+            "dhcp.reservations",
+            "dhcp.relay_subnets",
+            "webhooks.targets",
+        ];
 
         /// A map key for `*`: a state, a MAC or anything.
         fn map_key() -> impl Strategy<Value = String> {

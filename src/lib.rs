@@ -29,4 +29,5 @@ pub mod state;
 pub mod store;
 pub mod telemetry;
 pub mod tftp;
+pub mod webhook;
 pub mod wire;

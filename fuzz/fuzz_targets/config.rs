@@ -63,6 +63,9 @@ fn check(c: &Config) {
         ("bmc.power_deadline", c.bmc.power_deadline),
         ("bmc.restart_observe", c.bmc.restart_observe),
         ("bmc.poll_interval", c.bmc.poll_interval),
+        ("webhooks.backoff", c.webhooks.backoff),
+        ("webhooks.max_backoff", c.webhooks.max_backoff),
+        ("webhooks.timeout", c.webhooks.timeout),
     ];
     durations.extend(
         c.lifecycle

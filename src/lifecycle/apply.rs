@@ -122,11 +122,41 @@ pub async fn apply(
         ..Audit::new(id, new.generation, event.name(), new.state, actor)
     })
     .await?;
+    // Schedulers hear of every change of state, queued with the change itself.
+    let queued = new.state != row.state;
+    if queued {
+        let macs = tx.macs(id).await?;
+        let reason = match new.state {
+            State::Failed | State::Quarantined => new.failed_reason.clone(),
+            _ => None,
+        }
+        .or(detail);
+        let make = |eid| crate::webhook::WebhookEvent {
+            id: eid,
+            event: event.name().to_string(),
+            node: crate::webhook::WebhookNode {
+                id,
+                name: new.name.clone(),
+                hostname: new.hostname.clone(),
+                macs,
+            },
+            generation: new.generation,
+            from: row.state,
+            to: new.state,
+            reason,
+            at: nodes::now(),
+        };
+        tx.enqueue_webhook(id, new.state, |eid| make(eid).body())
+            .await?;
+    }
     if let (Some(key), Some(answer)) = (hooks.idempotency_key, hooks.answer) {
         let text = answer(&new, &outcome);
         tx.put_idempotent(key, id, &text).await?;
     }
     tx.commit().await?;
+    if queued {
+        crate::webhook::wake();
+    }
     let effects = t.effects.clone();
     Ok((Applied { node: new, outcome }, effects))
 }

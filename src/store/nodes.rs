@@ -421,7 +421,7 @@ impl Store {
 /// never both read a version and then race to write it): the lifecycle's only way into
 /// the store. Dropped without [`NodeTx::commit`], it rolls back.
 pub struct NodeTx {
-    tx: Transaction<'static, Sqlite>,
+    pub(super) tx: Transaction<'static, Sqlite>,
 }
 
 impl Store {

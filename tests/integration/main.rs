@@ -13,6 +13,8 @@ mod inventory;
 mod lifecycle;
 mod netns;
 mod qemu;
+mod slurm;
 mod status;
 mod telemetry;
 mod tftp;
+mod webhooks;
