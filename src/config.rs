@@ -91,6 +91,18 @@ pub struct Wire {
     pub bmc: Option<BmcWire>,
     pub discovery: Option<DiscoveryWire>,
     pub syslog: Option<SyslogWire>,
+    pub stages: Option<StagesWire>,
+}
+
+/// `[stages]`: how long each stage of a reinstall may last before its node is called
+/// stuck (`expected = { power = "5m", installer_packages = "1h" }`; `installer` and
+/// `deploy` set every installer or deploy-agent milestone at once), and how many
+/// generations of stages a node keeps.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagesWire {
+    pub expected: Option<BTreeMap<String, String>>,
+    pub keep_generations: Option<i64>,
 }
 
 /// `[syslog]`: pxed's receiver for installer logs (issue 11).
@@ -411,6 +423,41 @@ pub struct Config {
     pub bmc: BmcSettings,
     pub discovery: DiscoverySettings,
     pub syslog: SyslogSettings,
+    pub stages: StagesSettings,
+}
+
+/// Validated `[stages]` settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StagesSettings {
+    /// Expected duration of every stage that is not final.
+    #[serde(serialize_with = "stage_secs_map")]
+    pub expected: BTreeMap<crate::model::Stage, Duration>,
+    /// Generations of stages kept per node.
+    pub keep_generations: u32,
+}
+
+impl Default for StagesSettings {
+    fn default() -> Self {
+        StagesSettings {
+            expected: crate::model::Stage::ALL
+                .into_iter()
+                .filter_map(|s| Some((s, s.default_expected()?)))
+                .collect(),
+            keep_generations: 5,
+        }
+    }
+}
+
+fn stage_secs_map<S: serde::Serializer>(
+    m: &BTreeMap<crate::model::Stage, Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(m.len()))?;
+    for (k, v) in m {
+        map.serialize_entry(k.as_str(), &fmt_duration(*v))?;
+    }
+    map.end()
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -584,6 +631,9 @@ pub const BOUNDS: &[(&str, Range)] = &[
     ("syslog.idle_timeout", Range::secs(1, DAY)),
     // RFC 5426 asks receivers to take 2048 bytes; 64 KiB is the largest UDP datagram.
     ("syslog.max_line", Range::count(480, 65_535)),
+    // A DHCP exchange takes seconds; a slow mirror's package stage hours.
+    ("stages.expected.*", Range::secs(1, DAY)),
+    ("stages.keep_generations", Range::count(1, 100)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -875,6 +925,8 @@ pub const ENV_KEYS: &[&str] = &[
     "syslog.max_connections",
     "syslog.idle_timeout",
     "syslog.max_line",
+    "stages.expected.*",
+    "stages.keep_generations",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1173,6 +1225,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         )?,
         max_line: count("syslog.max_line", sw.max_line, 8192)?,
     };
+    let stages = validate_stages(w.stages.unwrap_or_default())?;
     let api_token = match (w.api_token, &w.api_token_file) {
         (Some(t), _) => Some(t),
         (None, Some(path)) => Some(
@@ -1236,7 +1289,50 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         bmc,
         discovery,
         syslog,
+        stages,
     })
+}
+
+fn validate_stages(w: StagesWire) -> Result<StagesSettings, ConfigError> {
+    use crate::model::Stage;
+    let mut s = StagesSettings::default();
+    for (k, d) in &mut s.expected {
+        *d = duration(&format!("stages.expected.{k}"), None, *d)?;
+    }
+    // Groups first, so a single milestone named beside its group wins.
+    let mut entries: Vec<(String, String)> = w.expected.unwrap_or_default().into_iter().collect();
+    entries.sort_by_key(|(k, _)| !matches!(k.as_str(), "installer" | "deploy"));
+    for (k, v) in entries {
+        let d = duration(&format!("stages.expected.{k}"), Some(&v), Duration::ZERO)?;
+        let targets: Vec<Stage> = match k.as_str() {
+            "installer" | "deploy" => Stage::ALL
+                .into_iter()
+                .filter(|s| s.as_str().starts_with(&format!("{k}_")))
+                .collect(),
+            _ => match k.parse::<Stage>() {
+                Ok(st) if !st.is_final() => vec![st],
+                _ => {
+                    let names: Vec<&str> = s.expected.keys().map(|s| s.as_str()).collect();
+                    return Err(invalid(
+                        "stages.expected",
+                        format!(
+                            "`{k}` is not a stage with a duration (stages: installer, deploy, {})",
+                            names.join(", ")
+                        ),
+                    ));
+                }
+            },
+        };
+        for t in targets {
+            s.expected.insert(t, d);
+        }
+    }
+    s.keep_generations = count(
+        "stages.keep_generations",
+        w.keep_generations,
+        s.keep_generations.into(),
+    )?;
+    Ok(s)
 }
 
 fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {

@@ -8,6 +8,7 @@ pub mod intents;
 pub mod leases;
 pub mod nodes;
 pub mod secrets;
+pub mod stages;
 
 use std::path::Path;
 use std::str::FromStr;
