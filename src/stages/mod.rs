@@ -472,7 +472,7 @@ pub fn report(
             examples,
         })
         .collect();
-    failures.sort_by(|a, b| b.count.cmp(&a.count));
+    failures.sort_by_key(|f| std::cmp::Reverse(f.count));
     let leftovers = tracked
         .iter()
         .filter_map(|t| {
