@@ -20,7 +20,12 @@ use crate::state::AppState;
 
 /// Middleware: tracks successful GETs of the files [`http_stage`] names.
 pub async fn track(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(stage) = http_stage(req.uri().path()) else {
+    // Inside `nest_service` the URI has lost its prefix; the original has it.
+    let path = req
+        .extensions()
+        .get::<axum::extract::OriginalUri>()
+        .map_or_else(|| req.uri().path().to_string(), |u| u.path().to_string());
+    let Some(stage) = http_stage(&path) else {
         return next.run(req).await;
     };
     let client = req
@@ -28,14 +33,24 @@ pub async fn track(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| crate::credential::canonical(c.0.ip()));
     let is_get = req.method() == axum::http::Method::GET;
-    let file = req.uri().path().to_string();
+    let file = path;
     let began = Instant::now();
     let resp = next.run(req).await;
     let (Some(client), true, true) = (client, is_get, resp.status().is_success()) else {
         return resp;
     };
     let (parts, body) = resp.into_parts();
-    let exact = hyper::body::Body::size_hint(&body).exact();
+    // hyper stops polling a body once Content-Length bytes are out: the length says
+    // when it was sent whole.
+    let exact = hyper::body::Body::size_hint(&body).exact().or_else(|| {
+        parts
+            .headers
+            .get(axum::http::header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    });
     let body = Tracked {
         inner: body,
         bytes: 0,

@@ -217,7 +217,7 @@ async fn flush(
         };
         // What the servers see counts only for a node in a reinstall: an installed
         // machine's PXE boot is not a stage of anything.
-        let Some(node) = node.filter(|n| matches!(s.who, Who::Node(_)) || n.state.in_progress())
+        let Some(node) = node.filter(|n| matches!(s.who, Who::Node(_)) || in_reinstall(n, &s.at))
         else {
             stats.unattributed.inc();
             continue;
@@ -304,6 +304,19 @@ async fn flush(
             }
         }
     }
+}
+
+/// Whether `node` was in a reinstall when a server saw it at `at`: it is now, or the
+/// reinstall ended (available or failed) after `at` (the recorder reads the node a
+/// moment later than the server saw it).
+fn in_reinstall(node: &NodeRow, at: &str) -> bool {
+    use crate::store::nodes::parse_time;
+    node.state.in_progress()
+        || (matches!(node.state, State::Available | State::Failed)
+            && node.generation > 0
+            && parse_time(at)
+                .zip(parse_time(&node.state_since))
+                .is_some_and(|(at, since)| at <= since))
 }
 
 fn seconds(a: &str, b: &str) -> Option<f64> {

@@ -12,6 +12,7 @@ mod install;
 mod lifecycle;
 mod netns;
 mod qemu;
+mod stages;
 mod status;
 mod telemetry;
 mod tftp;
