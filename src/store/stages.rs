@@ -194,3 +194,76 @@ impl Store {
         .await?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Mac, NodeArch};
+    use crate::store::nodes::NewNode;
+
+    fn w(node_id: i64, generation: i64, stage: Stage, at: &str) -> StageWrite {
+        StageWrite {
+            node_id,
+            generation,
+            stage,
+            at: at.into(),
+            bytes: None,
+            took_ms: None,
+            detail: None,
+        }
+    }
+
+    /// The first time a generation reaches a stage wins; only the last `keep`
+    /// generations of a node stay; a deleted node takes its stages with it and a
+    /// sighting of a node that is gone is not stored.
+    #[tokio::test]
+    async fn first_sighting_wins_and_generations_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let n = NewNode {
+            name: None,
+            arch: NodeArch::UNKNOWN,
+            state: State::Available,
+            macs: vec![Mac([0x52, 0x54, 0, 0, 0, 9])],
+            boot_mac: None,
+            bmc: None,
+        };
+        let id = store.create_node(&n, "test").await.unwrap();
+        let a = "2026-01-01T00:00:00.000Z";
+        let b = "2026-01-01T00:00:05.000Z";
+        let new = store
+            .record_stages(
+                &[
+                    w(id, 1, Stage::DhcpDiscover, a),
+                    w(id, 1, Stage::DhcpDiscover, b),
+                    w(id + 1, 1, Stage::Power, a),
+                ],
+                3,
+            )
+            .await
+            .unwrap();
+        assert_eq!(new, vec![w(id, 1, Stage::DhcpDiscover, a)]);
+        let again = store
+            .record_stages(&[w(id, 1, Stage::DhcpDiscover, b)], 3)
+            .await
+            .unwrap();
+        assert!(again.is_empty());
+        for g in 2..=5 {
+            store
+                .record_stages(&[w(id, g, Stage::Reinstall, b)], 3)
+                .await
+                .unwrap();
+        }
+        let gens: Vec<i64> = store
+            .stages(id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.generation)
+            .collect();
+        assert_eq!(gens, vec![3, 4, 5]);
+        assert_eq!(store.generation_stages(id, 5).await.unwrap().len(), 1);
+        assert!(store.delete_node(id, "test").await.unwrap());
+        assert!(store.stages(id).await.unwrap().is_empty());
+    }
+}
