@@ -50,6 +50,10 @@ if [ ! -x "$venv/bin/sushy-emulator" ] || [ ! -x "$venv/bin/ksvalidator" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q sushy-tools bcrypt pykickstart
 fi
+# prometheus-client: the tests parse /metrics with its text-format parser.
+if ! "$venv/bin/python3" -c 'import prometheus_client' 2>/dev/null; then
+  "$venv/bin/pip" install -q prometheus-client
+fi
 
 # iPXE binaries (Debian trixie's ipxe package, fetched without touching the system's sources).
 if [ ! -f "$here/ipxe/bin/snponly.efi" ]; then

@@ -364,6 +364,34 @@ print("ok")' "$gen")
     if [ "$st" = available ] && [ "$order" != ok ]; then
       say "FAIL node $id generation $gen: stage timeline $order"; FAILED=$((FAILED+1))
     fi
+    # Stages from the wire (GET /nodes/{id}/stages): every one present, in this order,
+    # at non-decreasing times, files with their bytes; earlier generations summarised.
+    wire=$(api GET "/nodes/$id/stages" | python3 -c 'import sys, json
+v = json.load(sys.stdin); g = int(sys.argv[1])
+want = ["reinstall", "power", "dhcp_discover", "lease", "first_stage", "ipxe_dhcp", "script",
+        "kernel", "initrd", "deploy_started", "installed", "first_boot", "health", "available"]
+st = v["stages"]; names = [s["stage"] for s in st]
+if v["generation"] != g:
+    print("stages of generation %s, not %s" % (v["generation"], g)); sys.exit()
+missing = [w for w in want if w not in names]
+if missing:
+    print("missing: " + " ".join(missing) + " (have: " + " ".join(names) + ")"); sys.exit()
+pos = [names.index(w) for w in want]
+if pos != sorted(pos):
+    print("out of order: " + " ".join(names)); sys.exit()
+ats = [s["at"] for s in st]
+if ats != sorted(ats):
+    print("times not ordered"); sys.exit()
+for f in ("first_stage", "kernel", "initrd"):
+    if not st[names.index(f)].get("bytes"):
+        print("no bytes for " + f); sys.exit()
+if g > 1 and not any(p["generation"] == g - 1 and p.get("total_ms") for p in v["previous"]):
+    print("generation %d not summarised" % (g - 1)); sys.exit()
+print("ok " + " ".join("%s+%.1fs" % (s["stage"], (s.get("lasted_ms") or 0) / 1000) for s in st))' "$gen")
+    if [ "$st" = available ]; then
+      if [ "${wire%% *}" = ok ]; then say "node $id generation $gen stages: ${wire#ok }"
+      else say "FAIL node $id generation $gen: stages from the wire: $wire"; FAILED=$((FAILED+1)); fi
+    fi
     if [ "$st" = available ] && [ "$host" = "$want" ] && [ "$order" = ok ]; then
       PASSES=$((PASSES+1)); say "PASS node $id generation $gen: available in ${took}s as $host"
     else

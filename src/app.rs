@@ -190,6 +190,7 @@ pub async fn run(
             cancel.clone(),
         );
         let stats = Arc::new(crate::tftp::TftpStats::default());
+        let _ = stats.observer.set(state.stages.clone());
         state.renders.lock().expect("lock").push(stats.clone());
         tasks.spawn(async move { Ok(crate::tftp::serve(tftp, root, settings, stats, c).await?) });
     }
@@ -209,6 +210,22 @@ pub async fn run(
         let (st, c) = (state.clone(), cancel.clone());
         tasks.spawn(async move {
             crate::telemetry::recorder::run(st, rx, settings, c).await;
+            Ok(())
+        });
+    }
+    {
+        // Tracked, so its last batch is written before the store closes.
+        let settings = crate::stages::recorder::Settings {
+            keep_generations: cfg.stages.keep_generations,
+            ..Default::default()
+        };
+        let (rx, changes) = state
+            .stages
+            .take_receivers()
+            .context("the stage queue was taken already")?;
+        let (st, c) = (state.clone(), cancel.clone());
+        tasks.spawn(async move {
+            crate::stages::recorder::run(st, rx, changes, settings, c).await;
             Ok(())
         });
     }

@@ -35,6 +35,8 @@ enum Cmd {
     /// BMCs: what a BMC advertises and whether its credentials work.
     #[command(subcommand)]
     Bmc(crate::client::BmcCmd),
+    /// Reinstalls over a period: count, p50/p95 duration, failures by stage, leftovers.
+    Report(crate::client::ReportArgs),
     /// The deploy agent, run on the node inside the deploy ramdisk.
     #[command(subcommand)]
     Agent(crate::agent::AgentCmd),
@@ -81,6 +83,7 @@ pub fn main() -> ExitCode {
         Cmd::Node(c) => crate::client::run_node(c),
         Cmd::Image(c) => crate::client::run_image(c),
         Cmd::Bmc(c) => crate::client::run_bmc(c),
+        Cmd::Report(a) => crate::client::run_report(a),
         Cmd::Agent(c) => crate::agent::run(c),
         Cmd::Serve(a) => {
             let cfg = match a.load() {

@@ -531,6 +531,147 @@ const NODE_HEADERS: &[&str] = &[
     "ID", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "FAILED",
 ];
 
+/// `pxed report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// The period: reinstalls requested this long ago or later (`7d`, `12h`, `30m`).
+    #[arg(long, default_value = "7d")]
+    since: String,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+/// Runs `pxed report`.
+pub fn run_report(a: ReportArgs) -> ExitCode {
+    finish(rt().block_on(report(a)))
+}
+
+async fn report(a: ReportArgs) -> Result<(), ClientError> {
+    let api = Api::new(&a.api)?;
+    let path = format!("/report?since={}", a.since);
+    let r: crate::wire::Report = api.call(reqwest::Method::GET, &path, None, &[]).await?;
+    if a.api.json {
+        print_json(&r);
+        return Ok(());
+    }
+    println!("reinstalls requested {} .. {}", r.since, r.until);
+    table(
+        &[
+            "REINSTALLS",
+            "SUCCEEDED",
+            "FAILED",
+            "UNFINISHED",
+            "P50",
+            "P95",
+        ],
+        vec![vec![
+            r.reinstalls.to_string(),
+            r.succeeded.to_string(),
+            r.failed.to_string(),
+            r.unfinished.to_string(),
+            r.p50_ms.map_or_else(|| "-".into(), fmt_ms),
+            r.p95_ms.map_or_else(|| "-".into(), fmt_ms),
+        ]],
+    );
+    if !r.failures.is_empty() {
+        println!("\nfailures by stage");
+        table(
+            &["STAGE", "REASON", "COUNT", "EXAMPLES"],
+            r.failures
+                .iter()
+                .map(|f| {
+                    vec![
+                        f.stage.clone(),
+                        f.reason.clone(),
+                        f.count.to_string(),
+                        f.examples.join(" | "),
+                    ]
+                })
+                .collect(),
+        );
+    }
+    println!("\nleftovers (failed or stuck now): {}", r.leftovers.len());
+    if !r.leftovers.is_empty() {
+        table(
+            &["ID", "NAME", "STATE", "STAGE", "SINCE", "STUCK", "REASON"],
+            r.leftovers
+                .iter()
+                .map(|l| {
+                    vec![
+                        l.node_id.to_string(),
+                        or_dash(&l.name),
+                        l.state.to_string(),
+                        or_dash(&l.stage),
+                        l.since.clone(),
+                        if l.stuck { "yes".into() } else { "-".into() },
+                        or_dash(&l.reason),
+                    ]
+                })
+                .collect(),
+        );
+    }
+    Ok(())
+}
+
+/// `65_000` → `1m05s`; under a minute with tenths.
+fn fmt_ms(ms: u64) -> String {
+    if ms < 60_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if ms < 3_600_000 {
+        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
+    } else {
+        format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60)
+    }
+}
+
+fn print_stages(v: &crate::wire::StagesView) {
+    println!("\nstages of generation {}:", v.generation);
+    if let Some(c) = &v.current {
+        println!(
+            "  now: {} since {} (expected {}){}",
+            c.stage,
+            c.since,
+            c.expected_ms.map_or_else(|| "-".into(), fmt_ms),
+            if c.stuck { " STUCK" } else { "" }
+        );
+    }
+    table(
+        &[
+            "STAGE", "AT", "LASTED", "EXPECTED", "BYTES", "TOOK", "DETAIL",
+        ],
+        v.stages
+            .iter()
+            .map(|s| {
+                let over = matches!((s.lasted_ms, s.expected_ms), (Some(l), Some(e)) if l > e);
+                vec![
+                    s.stage.to_string(),
+                    s.at.clone(),
+                    s.lasted_ms.map_or_else(|| "-".into(), fmt_ms)
+                        + if over { " (over)" } else { "" },
+                    s.expected_ms.map_or_else(|| "-".into(), fmt_ms),
+                    or_dash(&s.bytes),
+                    s.took_ms.map_or_else(|| "-".into(), fmt_ms),
+                    or_dash(&s.detail),
+                ]
+            })
+            .collect(),
+    );
+    for g in &v.previous {
+        let parts: Vec<String> = g
+            .durations
+            .iter()
+            .map(|d| format!("{} {}", d.stage, fmt_ms(d.ms)))
+            .collect();
+        println!(
+            "  generation {}: {} total, ended {}: {}",
+            g.generation,
+            g.total_ms.map_or_else(|| "-".into(), fmt_ms),
+            or_dash(&g.last),
+            parts.join(", ")
+        );
+    }
+}
+
 /// Runs `pxed node ...`.
 pub fn run_node(cmd: NodeCmd) -> ExitCode {
     match cmd {
@@ -651,6 +792,10 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                         or_dash(&b.tls_pin)
                     );
                 }
+                let stages: crate::wire::StagesView = api
+                    .call(Method::GET, &format!("/nodes/{node}/stages"), None, &[])
+                    .await?;
+                print_stages(&stages);
                 println!();
                 table(
                     &["AT", "GEN", "FROM", "EVENT", "TO", "ACTOR", "DETAIL"],

@@ -96,6 +96,7 @@ pub struct Wire {
     pub discovery: Option<DiscoveryWire>,
     pub syslog: Option<SyslogWire>,
     pub webhooks: Option<WebhooksWire>,
+    pub stages: Option<StagesWire>,
 }
 
 /// `[webhooks]`: outgoing webhooks on node state changes (issue 12).
@@ -123,6 +124,17 @@ pub struct WebhookTargetWire {
     pub secret_file: Option<PathBuf>,
     /// Only changes into these states (default: every change).
     pub states: Option<Vec<String>>,
+}
+
+/// `[stages]`: how long each stage of a reinstall may last before its node is called
+/// stuck (`expected = { power = "5m", installer_packages = "1h" }`; `installer` and
+/// `deploy` set every installer or deploy-agent milestone at once), and how many
+/// generations of stages a node keeps.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagesWire {
+    pub expected: Option<BTreeMap<String, String>>,
+    pub keep_generations: Option<i64>,
 }
 
 /// `[syslog]`: pxed's receiver for installer logs (issue 11).
@@ -446,6 +458,7 @@ pub struct Config {
     pub discovery: DiscoverySettings,
     pub syslog: SyslogSettings,
     pub webhooks: WebhookSettings,
+    pub stages: StagesSettings,
 }
 
 /// Validated `[webhooks]`.
@@ -473,6 +486,28 @@ impl Default for WebhookSettings {
     }
 }
 
+/// Validated `[stages]` settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StagesSettings {
+    /// Expected duration of every stage that is not final.
+    #[serde(serialize_with = "stage_secs_map")]
+    pub expected: BTreeMap<crate::model::Stage, Duration>,
+    /// Generations of stages kept per node.
+    pub keep_generations: u32,
+}
+
+impl Default for StagesSettings {
+    fn default() -> Self {
+        StagesSettings {
+            expected: crate::model::Stage::ALL
+                .into_iter()
+                .filter_map(|s| Some((s, s.default_expected()?)))
+                .collect(),
+            keep_generations: 5,
+        }
+    }
+}
+
 /// One webhook URL. The secret is masked in `check-config` and in `Debug`.
 #[derive(Clone, Serialize)]
 pub struct WebhookTarget {
@@ -495,6 +530,18 @@ impl std::fmt::Debug for WebhookTarget {
 
 fn mask_str<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str("********")
+}
+
+fn stage_secs_map<S: serde::Serializer>(
+    m: &BTreeMap<crate::model::Stage, Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(m.len()))?;
+    for (k, v) in m {
+        map.serialize_entry(k.as_str(), &fmt_duration(*v))?;
+    }
+    map.end()
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -673,6 +720,9 @@ pub const BOUNDS: &[(&str, Range)] = &[
     ("webhooks.backoff", Range::ms(10, HOUR * 1000)),
     ("webhooks.max_backoff", Range::ms(10, DAY * 1000)),
     ("webhooks.timeout", Range::ms(100, 5 * MINUTE * 1000)),
+    // A DHCP exchange takes seconds; a slow mirror's package stage hours.
+    ("stages.expected.*", Range::secs(1, DAY)),
+    ("stages.keep_generations", Range::count(1, 100)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -969,6 +1019,8 @@ pub const ENV_KEYS: &[&str] = &[
     "webhooks.backoff",
     "webhooks.max_backoff",
     "webhooks.timeout",
+    "stages.expected.*",
+    "stages.keep_generations",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1267,6 +1319,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         )?,
         max_line: count("syslog.max_line", sw.max_line, 8192)?,
     };
+    let stages = validate_stages(w.stages.unwrap_or_default())?;
     let api_token = match (w.api_token, &w.api_token_file) {
         (Some(t), _) => Some(t),
         (None, Some(path)) => Some(
@@ -1345,6 +1398,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         discovery,
         syslog,
         webhooks,
+        stages,
     })
 }
 
@@ -1413,6 +1467,48 @@ fn validate_webhooks(w: WebhooksWire) -> Result<WebhookSettings, ConfigError> {
         });
     }
     Ok(WebhookSettings { targets, ..s })
+}
+
+fn validate_stages(w: StagesWire) -> Result<StagesSettings, ConfigError> {
+    use crate::model::Stage;
+    let mut s = StagesSettings::default();
+    for (k, d) in &mut s.expected {
+        *d = duration(&format!("stages.expected.{k}"), None, *d)?;
+    }
+    // Groups first, so a single milestone named beside its group wins.
+    let mut entries: Vec<(String, String)> = w.expected.unwrap_or_default().into_iter().collect();
+    entries.sort_by_key(|(k, _)| !matches!(k.as_str(), "installer" | "deploy"));
+    for (k, v) in entries {
+        let d = duration(&format!("stages.expected.{k}"), Some(&v), Duration::ZERO)?;
+        let targets: Vec<Stage> = match k.as_str() {
+            "installer" | "deploy" => Stage::ALL
+                .into_iter()
+                .filter(|s| s.as_str().starts_with(&format!("{k}_")))
+                .collect(),
+            _ => match k.parse::<Stage>() {
+                Ok(st) if !st.is_final() => vec![st],
+                _ => {
+                    let names: Vec<&str> = s.expected.keys().map(|s| s.as_str()).collect();
+                    return Err(invalid(
+                        "stages.expected",
+                        format!(
+                            "`{k}` is not a stage with a duration (stages: installer, deploy, {})",
+                            names.join(", ")
+                        ),
+                    ));
+                }
+            },
+        };
+        for t in targets {
+            s.expected.insert(t, d);
+        }
+    }
+    s.keep_generations = count(
+        "stages.keep_generations",
+        w.keep_generations,
+        s.keep_generations.into(),
+    )?;
+    Ok(s)
 }
 
 fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {

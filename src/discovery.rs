@@ -38,6 +38,8 @@ pub struct Discovery {
     pub refused_rate: Counter,
     /// The address each netboot MAC last asked for in a DHCPREQUEST, and when.
     sightings: Mutex<HashMap<Mac, (Ipv4Addr, Instant)>>,
+    /// Told of every DHCP packet from a netboot client (stages from the wire).
+    pub stages: std::sync::OnceLock<std::sync::Arc<crate::stages::Stages>>,
 }
 
 /// Most MACs whose requested address is remembered (a spoofed-MAC flood cannot grow
@@ -141,6 +143,9 @@ impl Discovery {
                 let known = self.known.lock().expect("lock");
                 for seen in batch.drain(..) {
                     let mac = seen.mac;
+                    if let Some(stages) = self.stages.get() {
+                        stages.dhcp_seen(&seen);
+                    }
                     if let Some(ip) = seen.address {
                         self.sight(mac, ip, Instant::now());
                     }

@@ -25,6 +25,7 @@ pub mod model;
 pub mod net;
 pub mod provision;
 pub mod script;
+pub mod stages;
 pub mod state;
 pub mod store;
 pub mod telemetry;

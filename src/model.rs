@@ -216,6 +216,126 @@ impl State {
 }
 
 names! {
+    /// A stage of a reinstall as pxed sees it (issue 12), in the order a successful
+    /// one passes them; stored as TEXT in `node_stages.stage`. A stage lasts from the
+    /// moment it is reached until the next one is.
+    pub enum Stage ("stage") {
+        /// `POST /api/v1/nodes/{id}/reinstall` took effect (a new generation).
+        Reinstall => "reinstall",
+        /// The BMC power-cycled the machine.
+        Power => "power",
+        /// The first DHCPDISCOVER from one of the node's MACs.
+        DhcpDiscover => "dhcp_discover",
+        /// Its lease: the DHCPREQUEST (answered at once in full mode; the site's DHCP
+        /// server's in proxy mode).
+        Lease => "lease",
+        /// iPXE served over TFTP or HTTP (bytes, transfer time).
+        FirstStage => "first_stage",
+        /// DHCP from iPXE (user-class `iPXE`).
+        IpxeDhcp => "ipxe_dhcp",
+        /// The per-node script served (detail: install, local or discovery).
+        Script => "script",
+        /// The installer or deploy kernel served (bytes, transfer time).
+        Kernel => "kernel",
+        /// The initrd served (bytes, transfer time).
+        Initrd => "initrd",
+        /// Installer milestones from its syslog or reporting webhook.
+        InstallerKernelBooted => "installer_kernel_booted",
+        InstallerConfigLoaded => "installer_config_loaded",
+        InstallerPartitioning => "installer_partitioning",
+        InstallerPackages => "installer_packages",
+        InstallerBootloader => "installer_bootloader",
+        InstallerFinished => "installer_finished",
+        /// Deploy-agent milestones (disk images).
+        DeployStarted => "deploy_started",
+        DeployDisk => "deploy_disk",
+        DeployWipe => "deploy_wipe",
+        DeployWrite => "deploy_write",
+        DeployVerify => "deploy_verify",
+        DeployGrow => "deploy_grow",
+        DeployConfigure => "deploy_configure",
+        DeployReboot => "deploy_reboot",
+        /// Callback `installed`.
+        Installed => "installed",
+        /// The script served local boot after the install.
+        LocalBoot => "local_boot",
+        /// Callback `first-boot`.
+        FirstBoot => "first_boot",
+        /// Callback `health` (pass).
+        Health => "health",
+        /// The node is `available` again: the reinstall is over.
+        Available => "available",
+        /// The node failed (detail: the step and the reason).
+        Failed => "failed",
+    }
+}
+
+impl Stage {
+    /// Position in [`Stage::ALL`]: the order of a successful reinstall.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Stages that end a generation's reinstall: they have no expected duration.
+    pub fn is_final(self) -> bool {
+        matches!(self, Stage::Available | Stage::Failed)
+    }
+
+    /// The stage a lifecycle event (`node_events.event`) reaches, if any.
+    pub fn of_event(event: &str) -> Option<Stage> {
+        Some(match event {
+            "reinstall_requested" => Stage::Reinstall,
+            "power_cycled" => Stage::Power,
+            "install_finished" => Stage::Installed,
+            "first_boot_reported" => Stage::FirstBoot,
+            "health_passed" => Stage::Health,
+            "deploy_started" | "deploy_plan" | "deploy_facts" => Stage::DeployStarted,
+            e if e.starts_with("installer_") || e.starts_with("deploy_") => {
+                e.parse().ok().filter(|s: &Stage| !s.is_final())?
+            }
+            _ => return None,
+        })
+    }
+
+    /// How long the stage may last, by default, before the node is called stuck
+    /// (`None`: final).
+    pub fn default_expected(self) -> Option<std::time::Duration> {
+        let secs = match self {
+            Stage::Reinstall => 180,
+            Stage::Power => 300,
+            Stage::DhcpDiscover => 60,
+            Stage::Lease => 120,
+            Stage::FirstStage => 120,
+            Stage::IpxeDhcp => 60,
+            Stage::Script => 120,
+            Stage::Kernel => 120,
+            Stage::Initrd => 300,
+            Stage::InstallerKernelBooted
+            | Stage::InstallerConfigLoaded
+            | Stage::InstallerPartitioning
+            | Stage::InstallerBootloader => 900,
+            Stage::InstallerPackages => 3600,
+            Stage::InstallerFinished => 600,
+            Stage::DeployStarted
+            | Stage::DeployDisk
+            | Stage::DeployWipe
+            | Stage::DeployVerify
+            | Stage::DeployGrow
+            | Stage::DeployConfigure
+            | Stage::DeployReboot => 600,
+            Stage::DeployWrite => 3600,
+            // Until the installed system boots from disk and reports.
+            Stage::Installed => 900,
+            Stage::LocalBoot => 900,
+            Stage::FirstBoot => 900,
+            Stage::Health => 300,
+            Stage::Available | Stage::Failed => return None,
+        };
+        Some(std::time::Duration::from_secs(secs))
+    }
+}
+
+names! {
     /// One BMC operation of the reclaim; its name is stored in `nodes.failed_step`.
     pub enum BmcStep ("BMC step") {
         /// Set one-time network boot and read it back.

@@ -54,6 +54,8 @@ pub struct AppState {
     pub conn_limits: crate::net::ConnLimits,
     /// Installer telemetry: counters, the recorder's queue, the syslog address.
     pub telemetry: Arc<crate::telemetry::Telemetry>,
+    /// Stages from the wire: the recorder's queue, expected durations, histograms.
+    pub stages: Arc<crate::stages::Stages>,
     /// Refusals already in a node's audit log, by node, generation, event and detail
     /// (which names the call and the addresses): one row each however often a request
     /// is repeated (cleared when full).
@@ -80,15 +82,24 @@ impl AppState {
         let discovery = cfg.discovery;
         let telemetry = Arc::new(crate::telemetry::Telemetry::default());
         let telemetry_stats: Arc<dyn Render> = telemetry.stats.clone();
+        let stages = Arc::new(crate::stages::Stages::new(
+            cfg.stages.expected.clone(),
+            lifecycle.subscribe(),
+        ));
+        let stage_stats: Arc<dyn Render> = stages.stats.clone();
         Arc::new(AppState {
             cfg,
             store,
             lifecycle,
             api_token,
             stats: AppStats::default(),
-            renders: Mutex::new(vec![store_health, telemetry_stats]),
+            renders: Mutex::new(vec![store_health, telemetry_stats, stage_stats]),
             shutdown: cancel,
-            discovery: Discovery::new(discovery),
+            discovery: {
+                let d = Discovery::new(discovery);
+                let _ = d.stages.set(stages.clone());
+                d
+            },
             conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
             subscribers: Arc::new(tokio::sync::Semaphore::new(
                 crate::http::status::MAX_SUBSCRIBERS,
@@ -96,6 +107,7 @@ impl AppState {
             refusals: Mutex::new(HashSet::new()),
             mirror_gate: crate::images::MirrorGate::default(),
             telemetry,
+            stages,
         })
     }
 

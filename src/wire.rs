@@ -333,6 +333,112 @@ pub struct NodeDetail {
     #[serde(default)]
     pub ssh_authorized_keys: Vec<String>,
     pub events: Vec<EventView>,
+    /// Where the current generation's reinstall is (stages from the wire).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageNow>,
+}
+
+// ---- Stages from the wire (issue 12): `GET /api/v1/nodes/{id}/stages`, `GET /api/v1/report`.
+
+/// The stage a node is in now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageNow {
+    pub stage: crate::model::Stage,
+    /// When it was reached (RFC 3339).
+    pub since: String,
+    /// How long it may last (`None`: a final stage).
+    pub expected_ms: Option<u64>,
+    /// In a reinstall and past the expected duration.
+    pub stuck: bool,
+}
+
+/// One stage a node generation reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageView {
+    pub stage: crate::model::Stage,
+    /// When pxed first saw it (RFC 3339).
+    pub at: String,
+    /// Bytes of a served file.
+    pub bytes: Option<u64>,
+    /// Transfer time of a served file.
+    pub took_ms: Option<u64>,
+    /// What was served, which action a script served, why the node failed.
+    pub detail: Option<String>,
+    /// Until the next stage (`None`: the current one).
+    pub lasted_ms: Option<u64>,
+    pub expected_ms: Option<u64>,
+}
+
+/// A stage's duration in an earlier generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageDuration {
+    pub stage: crate::model::Stage,
+    pub ms: u64,
+}
+
+/// An earlier generation: how long each stage lasted, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationStages {
+    pub generation: i64,
+    pub durations: Vec<StageDuration>,
+    /// `reinstall` to `available` or `failed`.
+    pub total_ms: Option<u64>,
+    /// `available`, `failed`, or the last stage reached.
+    pub last: Option<crate::model::Stage>,
+}
+
+/// `GET /api/v1/nodes/{id}/stages`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagesView {
+    pub node_id: i64,
+    pub generation: i64,
+    pub state: State,
+    pub current: Option<StageNow>,
+    /// The current generation's stages, in order.
+    pub stages: Vec<StageView>,
+    /// Earlier generations kept, newest first.
+    pub previous: Vec<GenerationStages>,
+}
+
+/// Failures of one stage for one kind of reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureCount {
+    /// The stage the node was in (a `Stage` name, else its lifecycle state).
+    pub stage: String,
+    /// `timeout`, `bmc`, `installer`, `health`, `operator` or `other`.
+    pub reason: String,
+    pub count: u64,
+    /// A few of the reasons in words, most recent first.
+    pub examples: Vec<String>,
+}
+
+/// A node left over: failed, or stuck past its stage's expected duration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leftover {
+    pub node_id: i64,
+    pub name: Option<String>,
+    pub state: State,
+    pub stage: Option<crate::model::Stage>,
+    pub since: String,
+    pub stuck: bool,
+    pub reason: Option<String>,
+}
+
+/// `GET /api/v1/report?since=7d`: reinstalls requested over a period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub since: String,
+    pub until: String,
+    pub reinstalls: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    /// Neither yet (or superseded by a later reinstall).
+    pub unfinished: u64,
+    /// Request to `available`, of the successful ones.
+    pub p50_ms: Option<u64>,
+    pub p95_ms: Option<u64>,
+    pub failures: Vec<FailureCount>,
+    pub leftovers: Vec<Leftover>,
 }
 
 /// A BMC endpoint without its secret.

@@ -30,6 +30,8 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/nodes/{id}/reinstall", post(reinstall))
         .route("/nodes/{id}/log", get(super::log::node_log))
         .route("/nodes/{id}/ssh-keys", put(set_ssh_keys))
+        .route("/nodes/{id}/stages", get(node_stages))
+        .route("/report", get(report))
         .route("/nodes/{id}/actions/{action}", post(action))
         .route("/nodes/{id}/bmc/check", post(bmc_check))
         .route("/images", get(list_images))
@@ -194,12 +196,15 @@ async fn get_node(
     let bmc = st.store.bmc(nid).await?.map(bmc_view);
     let events = st.store.events(nid).await?;
     let ssh_authorized_keys = st.store.node_ssh_keys(nid).await?;
+    let stages = crate::stages::ordered(st.store.generation_stages(nid, n.generation).await?);
+    let stage = crate::stages::current(n.state, &stages, &st.stages.expected, chrono::Utc::now());
     Ok(Json(NodeDetail {
         node: view_with(n, macs),
         boot_mac,
         bmc,
         ssh_authorized_keys,
         events,
+        stage,
     }))
 }
 
@@ -594,4 +599,81 @@ async fn list_images(
 /// Whether `s` names a lifecycle state (for filters).
 pub fn is_state(s: &str) -> bool {
     s.parse::<NodeState>().is_ok()
+}
+
+/// `GET /api/v1/nodes/{id}/stages`: the current generation's stages in order, and
+/// how long each stage of the earlier generations kept lasted.
+async fn node_stages(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<crate::wire::StagesView>, ApiError> {
+    let n = find(&st, &id).await?;
+    let mut by_generation: std::collections::BTreeMap<i64, Vec<_>> = Default::default();
+    for r in st.store.stages(n.id).await? {
+        by_generation.entry(r.generation).or_default().push(r);
+    }
+    let current_rows =
+        crate::stages::ordered(by_generation.remove(&n.generation).unwrap_or_default());
+    let expected = &st.stages.expected;
+    let previous = by_generation
+        .into_iter()
+        .rev()
+        .filter(|(g, _)| *g < n.generation)
+        .map(|(g, rows)| crate::stages::generation_summary(g, &crate::stages::ordered(rows)))
+        .collect();
+    Ok(Json(crate::wire::StagesView {
+        node_id: n.id,
+        generation: n.generation,
+        state: n.state,
+        current: crate::stages::current(n.state, &current_rows, expected, chrono::Utc::now()),
+        stages: crate::stages::views(&current_rows, expected),
+        previous,
+    }))
+}
+
+/// `?since=7d`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReportQuery {
+    since: Option<String>,
+}
+
+/// `GET /api/v1/report?since=7d`: reinstalls requested over the period and the
+/// nodes left over now.
+async fn report(
+    State(st): State<Arc<AppState>>,
+    QueryParams(q): QueryParams<ReportQuery>,
+) -> Result<Json<crate::wire::Report>, ApiError> {
+    let period = match q.since.as_deref() {
+        None => std::time::Duration::from_secs(7 * 86_400),
+        Some(s) => crate::config::parse_duration(s)
+            .map_err(|e| ApiError::bad_request(format!("since: {e}")))?,
+    };
+    let now = chrono::Utc::now();
+    let since = chrono::Duration::from_std(period)
+        .ok()
+        .and_then(|d| now.checked_sub_signed(d))
+        .ok_or_else(|| ApiError::bad_request("since: too long ago"))?
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let reinstalls = st.store.reinstalls_since(&since).await?;
+    let mut failed_stages = std::collections::BTreeMap::new();
+    for r in reinstalls
+        .iter()
+        .filter(|r| r.outcome == Some(NodeState::Failed))
+    {
+        let rows =
+            crate::stages::ordered(st.store.generation_stages(r.node_id, r.generation).await?);
+        if let Some(last) = rows.iter().rev().find(|s| !s.stage.is_final()) {
+            failed_stages.insert((r.node_id, r.generation), last.stage);
+        }
+    }
+    let tracked = st.store.tracked_nodes().await?;
+    Ok(Json(crate::stages::report(
+        &since,
+        now,
+        &reinstalls,
+        &failed_stages,
+        &tracked,
+        &st.stages.expected,
+    )))
 }

@@ -39,6 +39,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(status::routes(state.clone()))
         .nest_service("/ipxe", files(&state.cfg.ipxe_dir))
         .nest_service("/images", files(&state.cfg.images_dir))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::stages::http::track,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -343,7 +347,10 @@ async fn boot_script(
     let base = agent::base_url(&st, &headers, conn);
     let (action, reason) = crate::provision::boot_action(&st, mac, &base, conn.client).await;
     match script::render(&mac.to_string(), &action, &reason) {
-        Ok(s) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response(),
+        Ok(s) => {
+            st.stages.saw(crate::stages::script_sighting(mac, &action));
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response()
+        }
         Err(e) => {
             tracing::error!(%mac, error = %e, "rendering boot script");
             (StatusCode::INTERNAL_SERVER_ERROR, "script error\n").into_response()

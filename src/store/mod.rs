@@ -9,6 +9,7 @@ pub mod leases;
 pub mod nodes;
 pub mod secrets;
 pub mod webhooks;
+pub mod stages;
 
 use std::path::Path;
 use std::str::FromStr;

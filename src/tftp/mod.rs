@@ -84,6 +84,14 @@ pub struct TftpStats {
     pub bytes_sent: Counter,
     /// Transfers in flight.
     pub active: Gauge,
+    /// Told of every completed transfer (the stage recorder), when set.
+    pub observer: std::sync::OnceLock<std::sync::Arc<dyn TransferObserver>>,
+}
+
+/// Something told of completed transfers (who fetched what, how much, how fast).
+pub trait TransferObserver: Send + Sync + std::fmt::Debug {
+    /// `peer` fetched `file` whole: `bytes` in `took`.
+    fn completed(&self, peer: std::net::IpAddr, file: &str, bytes: u64, took: std::time::Duration);
 }
 
 impl Render for TftpStats {

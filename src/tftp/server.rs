@@ -593,6 +593,13 @@ async fn transfer(
     }
 }
 
+/// Tells the observer, if any, of a completed transfer.
+fn observe(stats: &TftpStats, peer: SocketAddr, name: &str, size: u64, began: std::time::Instant) {
+    if let Some(o) = stats.observer.get() {
+        o.completed(peer.ip(), name, size, began.elapsed());
+    }
+}
+
 /// A transfer whose file is open, from the first packet to the last ACK.
 struct Job<'a> {
     ctx: &'a Ctx,
@@ -622,6 +629,7 @@ impl Job<'_> {
     async fn run(self, data: UdpSocket, ticket: &Ticket) {
         let (stats, peer) = (self.ctx.stats.clone(), self.peer);
         let retries = self.ctx.settings.retries;
+        let began = std::time::Instant::now();
         let answered = match self.first_ack(&data, ticket).await {
             Ok(Answered::Done) => Err(End::Completed),
             // The newcomer's eviction raced the ACK: the slot is gone.
@@ -631,6 +639,9 @@ impl Job<'_> {
         let start = match answered {
             Ok(a) => a,
             Err(end) => {
+                if matches!(end, End::Completed) {
+                    observe(&stats, peer, &self.name, self.size, began);
+                }
                 if let Some(msg) = end.report(&stats, peer, &self.name, self.size, retries) {
                     let mut out = Vec::new();
                     packet::encode_error(&mut out, ErrorCode::Undefined, msg);
@@ -681,6 +692,9 @@ impl Job<'_> {
                 slice,
             };
             let end = t.run(&source, &neg, acked);
+            if matches!(end, End::Completed) {
+                observe(&stats2, peer, &name, size, began);
+            }
             if let Some(msg) = end.report(&stats2, peer, &name, size, retries) {
                 t.send_error(ErrorCode::Undefined, msg);
             }

@@ -171,6 +171,11 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
         }
     }
 
+    /// The port it listens on (127.0.0.1).
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     pub(crate) fn url(&self) -> String {
         let scheme = if self.fingerprint.is_some() {
             "https"

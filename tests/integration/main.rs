@@ -14,6 +14,7 @@ mod lifecycle;
 mod netns;
 mod qemu;
 mod slurm;
+mod stages;
 mod status;
 mod telemetry;
 mod tftp;

@@ -1,0 +1,270 @@
+//! Stages from the wire: when each node generation first reached each stage, bounded
+//! to the last few generations of a node; and what the reinstall report reads.
+
+use super::{Store, StoreError};
+use crate::model::{Stage, State};
+
+/// One stage to store (the first time a generation reaches it wins).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageWrite {
+    pub node_id: i64,
+    pub generation: i64,
+    pub stage: Stage,
+    /// RFC 3339, UTC, milliseconds.
+    pub at: String,
+    pub bytes: Option<i64>,
+    pub took_ms: Option<i64>,
+    pub detail: Option<String>,
+}
+
+/// A stored stage.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StageRow {
+    pub generation: i64,
+    pub stage: Stage,
+    pub at: String,
+    pub bytes: Option<i64>,
+    pub took_ms: Option<i64>,
+    pub detail: Option<String>,
+}
+
+/// A node in a reinstall or failed, with its current generation's stages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    pub node_id: i64,
+    pub name: Option<String>,
+    pub state: State,
+    pub state_since: String,
+    pub failed_reason: Option<String>,
+    pub stages: Vec<StageRow>,
+}
+
+/// A reinstall request and how its generation ended, from the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ReinstallRow {
+    pub node_id: i64,
+    pub generation: i64,
+    pub requested_at: String,
+    pub ended_at: Option<String>,
+    pub outcome: Option<State>,
+    pub end_event: Option<String>,
+    pub end_from: Option<State>,
+    pub end_detail: Option<String>,
+}
+
+impl Store {
+    /// Stores a batch in one transaction; returns the writes that were new (a stage a
+    /// generation had already reached keeps its first time). Generations older than
+    /// the last `keep` of each node written to are deleted.
+    pub async fn record_stages(
+        &self,
+        writes: &[StageWrite],
+        keep: u32,
+    ) -> Result<Vec<StageWrite>, StoreError> {
+        let mut new = Vec::new();
+        if writes.is_empty() {
+            return Ok(new);
+        }
+        let mut tx = self.pool.begin().await?;
+        let mut touched = std::collections::BTreeMap::new();
+        for w in writes {
+            let done = sqlx::query!(
+                r#"INSERT OR IGNORE INTO node_stages (node_id, generation, stage, at, bytes, took_ms, detail)
+                   SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM nodes WHERE id = ?)"#,
+                w.node_id,
+                w.generation,
+                w.stage,
+                w.at,
+                w.bytes,
+                w.took_ms,
+                w.detail,
+                w.node_id
+            )
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() > 0 {
+                new.push(w.clone());
+                let g = touched.entry(w.node_id).or_insert(w.generation);
+                *g = (*g).max(w.generation);
+            }
+        }
+        for (node, newest) in touched {
+            let oldest = newest - i64::from(keep) + 1;
+            sqlx::query!(
+                "DELETE FROM node_stages WHERE node_id = ? AND generation < ?",
+                node,
+                oldest
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(new)
+    }
+
+    /// Every stage kept of a node, by generation then time.
+    pub async fn stages(&self, node_id: i64) -> Result<Vec<StageRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            StageRow,
+            r#"SELECT generation, stage AS "stage: _", at, bytes, took_ms, detail
+               FROM node_stages WHERE node_id = ? ORDER BY generation, at"#,
+            node_id
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The stages of one generation of a node.
+    pub async fn generation_stages(
+        &self,
+        node_id: i64,
+        generation: i64,
+    ) -> Result<Vec<StageRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            StageRow,
+            r#"SELECT generation, stage AS "stage: _", at, bytes, took_ms, detail
+               FROM node_stages WHERE node_id = ? AND generation = ? ORDER BY at"#,
+            node_id,
+            generation
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Nodes in a reinstall or failed, each with its current generation's stages.
+    pub async fn tracked_nodes(&self) -> Result<Vec<Tracked>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT n.id AS "node_id!", n.name, n.state AS "state: State", n.state_since,
+                      n.failed_reason, s.generation AS "generation?", s.stage AS "stage?: Stage",
+                      s.at AS "at?", s.bytes, s.took_ms, s.detail
+               FROM nodes n LEFT JOIN node_stages s
+                 ON s.node_id = n.id AND s.generation = n.generation
+               WHERE n.state IN ('reclaiming', 'netbooting', 'installing', 'first_boot', 'failed')
+               ORDER BY n.id, s.at"#
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out: Vec<Tracked> = Vec::new();
+        for r in rows {
+            if out.last().is_none_or(|t| t.node_id != r.node_id) {
+                out.push(Tracked {
+                    node_id: r.node_id,
+                    name: r.name,
+                    state: r.state,
+                    state_since: r.state_since,
+                    failed_reason: r.failed_reason,
+                    stages: Vec::new(),
+                });
+            }
+            if let (Some(generation), Some(stage), Some(at), Some(t)) =
+                (r.generation, r.stage, r.at, out.last_mut())
+            {
+                t.stages.push(StageRow {
+                    generation,
+                    stage,
+                    at,
+                    bytes: r.bytes,
+                    took_ms: r.took_ms,
+                    detail: r.detail,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reinstalls requested at or after `since` (RFC 3339), each with the first
+    /// `available` or `failed` of its generation after the request.
+    pub async fn reinstalls_since(&self, since: &str) -> Result<Vec<ReinstallRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            ReinstallRow,
+            r#"SELECT r.node_id, r.generation, r.at AS requested_at, e.at AS "ended_at?",
+                      e.to_state AS "outcome?: State", e.event AS "end_event?",
+                      e.from_state AS "end_from?: State", e.detail AS end_detail
+               FROM node_events r
+               LEFT JOIN node_events e ON e.id = (
+                   SELECT x.id FROM node_events x
+                   WHERE x.node_id = r.node_id AND x.generation = r.generation AND x.id > r.id
+                     AND x.to_state IN ('available', 'failed')
+                   ORDER BY x.id LIMIT 1)
+               WHERE r.event = 'reinstall_requested' AND r.at >= ?
+               ORDER BY r.id"#,
+            since
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Mac, NodeArch};
+    use crate::store::nodes::NewNode;
+
+    fn w(node_id: i64, generation: i64, stage: Stage, at: &str) -> StageWrite {
+        StageWrite {
+            node_id,
+            generation,
+            stage,
+            at: at.into(),
+            bytes: None,
+            took_ms: None,
+            detail: None,
+        }
+    }
+
+    /// The first time a generation reaches a stage wins; only the last `keep`
+    /// generations of a node stay; a deleted node takes its stages with it and a
+    /// sighting of a node that is gone is not stored.
+    #[tokio::test]
+    async fn first_sighting_wins_and_generations_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let n = NewNode {
+            name: None,
+            arch: NodeArch::UNKNOWN,
+            state: State::Available,
+            macs: vec![Mac([0x52, 0x54, 0, 0, 0, 9])],
+            boot_mac: None,
+            bmc: None,
+            ssh_authorized_keys: vec![],
+        };
+        let id = store.create_node(&n, "test").await.unwrap();
+        let a = "2026-01-01T00:00:00.000Z";
+        let b = "2026-01-01T00:00:05.000Z";
+        let new = store
+            .record_stages(
+                &[
+                    w(id, 1, Stage::DhcpDiscover, a),
+                    w(id, 1, Stage::DhcpDiscover, b),
+                    w(id + 1, 1, Stage::Power, a),
+                ],
+                3,
+            )
+            .await
+            .unwrap();
+        assert_eq!(new, vec![w(id, 1, Stage::DhcpDiscover, a)]);
+        let again = store
+            .record_stages(&[w(id, 1, Stage::DhcpDiscover, b)], 3)
+            .await
+            .unwrap();
+        assert!(again.is_empty());
+        for g in 2..=5 {
+            store
+                .record_stages(&[w(id, g, Stage::Reinstall, b)], 3)
+                .await
+                .unwrap();
+        }
+        let gens: Vec<i64> = store
+            .stages(id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.generation)
+            .collect();
+        assert_eq!(gens, vec![3, 4, 5]);
+        assert_eq!(store.generation_stages(id, 5).await.unwrap().len(), 1);
+        assert!(store.delete_node(id, "test").await.unwrap());
+        assert!(store.stages(id).await.unwrap().is_empty());
+    }
+}
