@@ -165,6 +165,15 @@ impl AppState {
             sample(&mut out, name, help, "counter", c.get());
         }
         self.lifecycle.bmc_failures.render(&mut out);
+        self.lifecycle.netboot_not_observed.render(&mut out);
+        self.lifecycle.netboot_observed.render(&mut out);
+        sample(
+            &mut out,
+            "pxed_boot_loops_total",
+            "Nodes stopped because the installer was served twice in one attempt",
+            "counter",
+            self.lifecycle.boot_loops.get(),
+        );
         for r in self.renders.lock().expect("lock").iter() {
             r.render(&mut out);
         }

@@ -380,7 +380,7 @@ impl Store {
 /// never both read a version and then race to write it): the lifecycle's only way into
 /// the store. Dropped without [`NodeTx::commit`], it rolls back.
 pub struct NodeTx {
-    tx: Transaction<'static, Sqlite>,
+    pub(super) tx: Transaction<'static, Sqlite>,
 }
 
 impl Store {
@@ -700,6 +700,26 @@ impl Store {
             .iter()
             .copied()
             .filter(|m| !known.contains(m))
+            .collect())
+    }
+
+    /// The nodes whose boot MAC is one of `macs`: (MAC, node id, state, generation).
+    pub async fn nodes_by_boot_macs(
+        &self,
+        macs: &[Mac],
+    ) -> Result<Vec<(Mac, i64, State, i64)>, StoreError> {
+        let list = serde_json::json!(macs).to_string();
+        let rows = sqlx::query!(
+            r#"SELECT i.mac AS "mac: Mac", n.id, n.state AS "state: State", n.generation
+               FROM interfaces i JOIN nodes n ON n.id = i.node_id
+               WHERE i.is_boot = 1 AND i.mac IN (SELECT value FROM json_each(?))"#,
+            list
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.mac, r.id, r.state, r.generation))
             .collect())
     }
 
