@@ -30,12 +30,3 @@ CREATE TABLE netboot_methods (
     last_success TEXT NOT NULL,
     PRIMARY KEY (model, method)
 ) STRICT;
-
--- Leftovers an operator acknowledged: not listed again until they happen anew
--- (`since` newer than the acknowledgement).
-CREATE TABLE leftover_acks (
-    kind     TEXT NOT NULL,
-    subject  TEXT NOT NULL,
-    acked_at TEXT NOT NULL,
-    PRIMARY KEY (kind, subject)
-) STRICT;

@@ -254,6 +254,15 @@ pub async fn run(
         });
     }
 
+    {
+        let (st, c) = (state.clone(), cancel.clone());
+        let every = cfg.lifecycle.leftovers_interval;
+        tasks.spawn(async move {
+            crate::leftovers::Leftovers::run(st, every, c).await;
+            Ok(())
+        });
+    }
+
     let resumed = state.lifecycle.resume().await?;
     if resumed > 0 {
         tracing::info!(nodes = resumed, "resumed in-progress nodes from the store");

@@ -18,6 +18,7 @@ pub(crate) mod hostname;
 pub mod http;
 pub mod images;
 pub mod install;
+pub mod leftovers;
 pub mod lifecycle;
 pub mod metrics;
 pub mod model;

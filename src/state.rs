@@ -48,6 +48,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Unknown netboot clients seen by DHCP become `discovered` nodes.
     pub discovery: Discovery,
+    /// What the last leftovers check found (`GET /api/v1/leftovers`).
+    pub leftovers: Arc<crate::leftovers::Leftovers>,
     /// Status-page event streams open at once (bounded).
     pub subscribers: Arc<tokio::sync::Semaphore>,
     /// HTTP connection limits (from the open-files limit at start).
@@ -78,15 +80,18 @@ impl AppState {
         let discovery = cfg.discovery;
         let telemetry = Arc::new(crate::telemetry::Telemetry::default());
         let telemetry_stats: Arc<dyn Render> = telemetry.stats.clone();
+        let leftovers = Arc::new(crate::leftovers::Leftovers::default());
+        let leftovers_render: Arc<dyn Render> = leftovers.clone();
         Arc::new(AppState {
             cfg,
             store,
             lifecycle,
             api_token,
             stats: AppStats::default(),
-            renders: Mutex::new(vec![store_health, telemetry_stats]),
+            renders: Mutex::new(vec![store_health, telemetry_stats, leftovers_render]),
             shutdown: cancel,
             discovery: Discovery::new(discovery),
+            leftovers,
             conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
             subscribers: Arc::new(tokio::sync::Semaphore::new(
                 crate::http::status::MAX_SUBSCRIBERS,

@@ -702,6 +702,26 @@ impl Lifecycle {
         }
     }
 
+    /// Node `id`'s power state as its BMC reports it (`None`: the node has no BMC).
+    pub async fn power_state(&self, id: i64) -> Result<Option<bmc::PowerState>, ConnectError> {
+        let b = match self.bmcs.connect(&self.store, id).await {
+            Ok(b) => b,
+            Err(ConnectError::NoBmc) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let r = b.power_state().await;
+        b.close().await;
+        Ok(Some(r?))
+    }
+
+    /// Powers node `id` on through its BMC (a leftover's resolution).
+    pub async fn power_on(&self, id: i64) -> Result<(), ConnectError> {
+        let b = self.bmcs.connect(&self.store, id).await?;
+        let r = b.power_on().await;
+        b.close().await;
+        Ok(r?)
+    }
+
     /// `pxed bmc check`: connects to node `id`'s BMC as the worker would (same
     /// connector, same call policy) and reports what it offers. Nothing is pinned or
     /// stored: this only looks.
