@@ -160,10 +160,14 @@ impl Discovery {
                 return;
             }
         };
-        for (mac, id, state, generation) in nodes {
+        for n in nodes {
+            let (mac, id, state) = (n.mac, n.id, n.state);
             match state {
-                State::Netbooting => {
-                    let ev = crate::lifecycle::transition::Event::NetbootObserved { generation };
+                State::Netbooting | State::Reclaiming => {
+                    let ev = crate::lifecycle::transition::Event::NetbootObserved {
+                        generation: n.generation,
+                        after_reset: n.cycle_sent,
+                    };
                     if let Err(e) = lifecycle.apply(id, &ev, "dhcp").await {
                         tracing::debug!(node = id, %mac, error = %e, "netboot observed, not applied");
                     }

@@ -10,7 +10,9 @@
 //! on from `reclaiming` to `netbooting` or `installing`, because a deadline in those
 //! states re-runs the reclaim; resetting it there would let a node that never boots
 //! loop forever. It is reset when the node comes to rest (`available`, `allocated`,
-//! `quarantined`) and kept in `failed` to show how many retries were spent.
+//! `quarantined`) and kept in `failed` to show how many retries were spent. Moving on to
+//! the next netboot method (`netboot_not_observed`) is a new attempt too, but not a
+//! retry: [`Policy::may_retry`] allows `max_attempts` retries besides the fallbacks.
 //!
 //! Deadlines: a node has at most one deadline. [`Effect::ArmDeadline`] replaces any
 //! previous one; [`Effect::ClearDeadline`] drops it. A deadline is armed whenever the node
@@ -258,8 +260,10 @@ pub enum Event {
         reason: String,
     },
     /// A DHCP packet from one of the node's boot MACs arrived while it was
-    /// `netbooting`: the power action made the machine netboot.
-    NetbootObserved { generation: i64 },
+    /// `netbooting` (or `reclaiming` with `after_reset`: the power cycle of the current
+    /// attempt was already sent; firmware may DHCP before the BMC reports the reset
+    /// done): the power action made the machine netboot.
+    NetbootObserved { generation: i64, after_reset: bool },
     /// The observe window armed by [`Effect::ArmObserveWindow`] passed without a DHCP
     /// packet from a boot MAC: the BMC took the override and booted something else.
     NetbootNotObserved {
@@ -369,7 +373,7 @@ impl Event {
     fn callback_generation(&self) -> Option<i64> {
         match self {
             Event::InstallerServed { generation }
-            | Event::NetbootObserved { generation }
+            | Event::NetbootObserved { generation, .. }
             | Event::InstallFinished { generation }
             | Event::InstallFailed { generation, .. }
             | Event::FirstBootReported { generation, .. }
@@ -583,6 +587,13 @@ impl Policy {
             return None;
         }
         self.deadlines[state.index()]
+    }
+
+    /// Whether the current round has a retry left: `max_attempts` retries besides the
+    /// attempts that moved on to the next netboot method (a fallback is not a retry).
+    pub fn may_retry(&self, node: &Node) -> bool {
+        let fallbacks = u32::try_from(node.netboot.tried.len().saturating_sub(1)).unwrap_or(0);
+        node.attempt < self.max_attempts.saturating_add(fallbacks)
     }
 
     /// Delay before the retry that moves the node to `attempt` (1-based).
@@ -816,11 +827,11 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             if !bmc_current(*generation, *attempt) {
                 return stale_bmc;
             }
-            let mut next = Node {
+            // `observed` stays: the netboot may have been seen before this answer.
+            let next = Node {
                 state: S::Netbooting,
                 ..node.clone()
             };
-            next.netboot.observed = false;
             Ok(changed(node, next, policy, Duration::ZERO, vec![], None))
         }
         (
@@ -835,7 +846,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             if !bmc_current(*generation, *attempt) {
                 return stale_bmc;
             }
-            if node.attempt < policy.max_attempts {
+            if policy.may_retry(node) {
                 let attempt = node.attempt + 1;
                 let delay = policy.backoff_for(attempt);
                 let next = Node {
@@ -843,6 +854,8 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
                     ..node.clone()
                 };
                 let method = node.netboot.method;
+                let mut next = next;
+                next.netboot.observed = false;
                 let again = match step {
                     BmcStep::SetNetboot => Effect::SetNetboot {
                         generation: node.generation,
@@ -875,6 +888,29 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             E::NetbootSet { .. } | E::PowerCycled { .. } | E::BmcStepFailed { .. },
         ) => stale_bmc,
 
+        // Before the reset was sent, a DHCP is the machine's previous boot, not ours.
+        (S::Reclaiming, E::NetbootObserved { after_reset, .. }) => {
+            if !after_reset {
+                return Ok(Outcome::Ignored(Ignored::NotAwaited));
+            }
+            if node.netboot.observed {
+                return Ok(Outcome::Ignored(Ignored::Repeated));
+            }
+            let mut next = node.clone();
+            next.netboot.observed = true;
+            let record = Effect::RecordNetbootMethod {
+                generation: node.generation,
+                method: node.netboot.method,
+            };
+            Ok(changed(
+                node,
+                next,
+                policy,
+                Duration::ZERO,
+                vec![record],
+                None,
+            ))
+        }
         (S::Netbooting, E::NetbootObserved { .. }) => {
             if node.netboot.observed {
                 return Ok(Outcome::Ignored(Ignored::Repeated));
@@ -901,7 +937,6 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             S::Discovered
             | S::Available
             | S::Allocated
-            | S::Reclaiming
             | S::Installing
             | S::FirstBoot
             | S::Failed
@@ -1101,7 +1136,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             Ok(Outcome::Ignored(Ignored::StaleDeadline))
         }
         (S::Reclaiming | S::Netbooting | S::Installing, E::DeadlineExpired { .. }) => {
-            if node.attempt < policy.max_attempts {
+            if policy.may_retry(node) {
                 // Whatever stage hung, the cure is the same: netboot and power-cycle again.
                 let attempt = node.attempt + 1;
                 let delay = policy.backoff_for(attempt);
@@ -1335,7 +1370,10 @@ mod tests {
             },
             Event::InstallerServed { generation },
             Event::InstallFinished { generation },
-            Event::NetbootObserved { generation },
+            Event::NetbootObserved {
+                generation,
+                after_reset: true,
+            },
             Event::NetbootNotObserved {
                 generation,
                 attempt,
@@ -1432,6 +1470,7 @@ mod tests {
             (S::Netbooting, "netboot_observed") => {
                 To(S::Netbooting, &["arm_deadline", "record_netboot_method"])
             }
+            (S::Reclaiming, "netboot_observed") => To(S::Reclaiming, &["record_netboot_method"]),
             (_, "netboot_observed") => Ignored(super::Ignored::NotAwaited),
             (S::Netbooting, "netboot_not_observed") => To(S::Reclaiming, RECLAIM),
             (_, "netboot_not_observed") => Ignored(super::Ignored::StaleDeadline),
@@ -1517,7 +1556,7 @@ mod tests {
             }
         }
         assert_eq!(cells, 9 * 19);
-        assert_eq!(allowed, 40, "allowed cells");
+        assert_eq!(allowed, 41, "allowed cells");
     }
 
     /// Apply an event that must change the node; return the new record and effects.
@@ -2067,7 +2106,14 @@ mod tests {
         assert!(fx[0].is_current(&n));
         // DHCP from a boot MAC: the window gives way to the rest of the deadline, and
         // the method is recorded for the BMC model.
-        let (seen, fx) = step(&n, Event::NetbootObserved { generation: 1 }, &p);
+        let (seen, fx) = step(
+            &n,
+            Event::NetbootObserved {
+                generation: 1,
+                after_reset: false,
+            },
+            &p,
+        );
         assert_eq!(seen.state, S::Netbooting);
         assert!(seen.netboot.observed);
         assert_eq!(
@@ -2087,7 +2133,14 @@ mod tests {
         );
         // A second DHCP packet (iPXE's own) changes nothing.
         assert_eq!(
-            transition(&seen, &Event::NetbootObserved { generation: 1 }, &p),
+            transition(
+                &seen,
+                &Event::NetbootObserved {
+                    generation: 1,
+                    after_reset: false,
+                },
+                &p
+            ),
             Ok(Outcome::Ignored(Ignored::Repeated))
         );
         // A window that fires after the netboot was seen is stale.
@@ -2230,7 +2283,14 @@ mod tests {
         }
         // DHCP of an older generation is refused like any stale callback.
         assert!(matches!(
-            transition(&n, &Event::NetbootObserved { generation: 0 }, &p),
+            transition(
+                &n,
+                &Event::NetbootObserved {
+                    generation: 0,
+                    after_reset: false,
+                },
+                &p
+            ),
             Err(TransitionError::StaleGeneration { .. })
         ));
     }
@@ -2239,7 +2299,14 @@ mod tests {
     fn a_second_installer_fetch_in_one_attempt_is_a_boot_loop() {
         let p = observing();
         let (n, _) = cycled(&reinstall(&fresh_available(), &p).0, &p);
-        let (n, _) = step(&n, Event::NetbootObserved { generation: 1 }, &p);
+        let (n, _) = step(
+            &n,
+            Event::NetbootObserved {
+                generation: 1,
+                after_reset: false,
+            },
+            &p,
+        );
         let (n, _) = step(&n, Event::InstallerServed { generation: 1 }, &p);
         assert_eq!(n.state, S::Installing);
         let (n, fx) = step(&n, Event::InstallerServed { generation: 1 }, &p);
@@ -2268,6 +2335,91 @@ mod tests {
         let (w, _) = cycled(&r, &p);
         let (w, _) = step(&w, Event::InstallerServed { generation: 4 }, &p);
         assert_eq!(w.state, S::Installing);
+    }
+
+    #[test]
+    fn a_netboot_seen_before_the_reset_is_reported_done_counts() {
+        let p = observing();
+        let (n, _) = reinstall(&fresh_available(), &p);
+        let (n, _) = step(
+            &n,
+            Event::NetbootSet {
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        // Before the reset was sent: the machine's previous boot, not ours.
+        let early = Event::NetbootObserved {
+            generation: 1,
+            after_reset: false,
+        };
+        assert_eq!(
+            transition(&n, &early, &p),
+            Ok(Outcome::Ignored(Ignored::NotAwaited))
+        );
+        // After it was sent, while the BMC still reports the reset: it counts.
+        let (n, fx) = step(
+            &n,
+            Event::NetbootObserved {
+                generation: 1,
+                after_reset: true,
+            },
+            &p,
+        );
+        assert_eq!((n.state, n.netboot.observed), (S::Reclaiming, true));
+        assert_eq!(
+            fx,
+            vec![Effect::RecordNetbootMethod {
+                generation: 1,
+                method: NetbootMethod::Standard
+            }]
+        );
+        // The reset's answer then arms the deadline, not the observe window.
+        let (n, fx) = step(
+            &n,
+            Event::PowerCycled {
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        assert_eq!(n.state, S::Netbooting);
+        assert!(matches!(fx[..], [Effect::ArmDeadline { after, .. }] if after == SECS(900)));
+        // A retry forgets it: the next reset must be seen anew.
+        let (r, _) = step(
+            &n,
+            Event::DeadlineExpired {
+                state: S::Netbooting,
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        assert!(!r.netboot.observed);
+    }
+
+    #[test]
+    fn a_fallback_does_not_use_up_the_retries() {
+        let p = Policy {
+            max_attempts: 1,
+            ..observing()
+        };
+        let (n, _) = cycled(&reinstall(&fresh_available(), &p).0, &p);
+        let (n, _) = step(&n, not_observed(&n), &p);
+        assert_eq!((n.state, n.attempt), (S::Reclaiming, 1));
+        let fail = |n: &Node| Event::BmcStepFailed {
+            step: BmcStep::PowerCycle,
+            generation: n.generation,
+            attempt: n.attempt,
+            reason: "power stayed Off".into(),
+        };
+        // One retry left after the fallback...
+        let (n, _) = step(&n, fail(&n), &p);
+        assert_eq!((n.state, n.attempt), (S::Reclaiming, 2));
+        // ...and then none.
+        let (n, _) = step(&n, fail(&n), &p);
+        assert_eq!(n.state, S::Failed);
     }
 
     #[test]

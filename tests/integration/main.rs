@@ -10,6 +10,7 @@ mod dhcp;
 mod image_check;
 mod install;
 mod lifecycle;
+mod netboot;
 mod netns;
 mod qemu;
 mod status;
