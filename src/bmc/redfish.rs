@@ -867,10 +867,11 @@ impl RedfishBmc {
             }
             let got = parse_boot(&self.get(Step::ReadBoot, path).await?.body);
             // A mode written to a BMC that shows none cannot be read back.
-            if force_mode && cur.body["Boot"].get("BootSourceOverrideMode").is_none() {
-                if let Some(b) = patch["Boot"].as_object_mut() {
-                    b.remove("BootSourceOverrideMode");
-                }
+            if force_mode
+                && cur.body["Boot"].get("BootSourceOverrideMode").is_none()
+                && let Some(b) = patch["Boot"].as_object_mut()
+            {
+                b.remove("BootSourceOverrideMode");
             }
             if !override_matches(&patch, &got) {
                 let wanted = patch["Boot"].to_string();

@@ -668,8 +668,8 @@ pub enum Ignored {
 /// What `transition` decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The node changes; see [`Transition`].
-    Changed(Transition),
+    /// The node changes; see [`Transition`] (boxed: it carries two node records' worth).
+    Changed(Box<Transition>),
     /// A reinstall was requested while one is running: nothing changes; answer with
     /// the running operation.
     InProgress { state: State, generation: i64 },
@@ -1283,12 +1283,12 @@ fn changed(
         _ => {}
     }
     effects.extend(actions);
-    Outcome::Changed(Transition {
+    Outcome::Changed(Box::new(Transition {
         node: next,
         effects,
         report,
         entered,
-    })
+    }))
 }
 
 #[cfg(test)]
