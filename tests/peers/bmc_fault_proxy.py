@@ -14,9 +14,10 @@ Faults (comma-separated):
   sessions              add a SessionService: POST .../Sessions -> X-Auth-Token; requests with
                         the token are forwarded with the user's basic auth
   etag                  GET of a system carries an ETag; PATCH needs a matching If-Match (else 412)
-  lie-unless-mode       a lying BMC: GET hides BootSourceOverrideMode, every PATCH is taken and
-                        read back as asked, but the machine boots its disk unless the last PATCH
-                        spelled out BootSourceOverrideMode (firmware that picks legacy otherwise)
+  lie-unless-mode       a lying BMC: GET hides BootSourceOverrideMode; a PATCH of a Pxe override
+                        without BootSourceOverrideMode is read back as asked, but the BMC behind
+                        is told Hdd (the machine boots its disk); one that spells out the mode is
+                        forwarded as is (firmware that picks legacy unless told UEFI)
   lie-unless-offon      a lying BMC: the override is taken, but only a cold boot (On after
                         ForceOff) honours it; a restart-type reset (ForceRestart, PowerCycle,
                         GracefulRestart) boots the disk
@@ -144,7 +145,15 @@ class Proxy(BaseHTTPRequestHandler):
             boot = json.loads(body or b"{}").get("Boot", {})
             if boot:
                 with LOCK:
-                    BOOT.setdefault(path.rstrip("/"), {})["patch"] = boot
+                    st = BOOT.setdefault(path.rstrip("/"), {})
+                    st["patch"] = boot
+                    st.pop("claimed", None)
+                if ("lie-unless-mode" in f and boot.get("BootSourceOverrideTarget") == "Pxe"
+                        and "BootSourceOverrideMode" not in boot):
+                    # Taken and read back as asked, but the machine is told the disk.
+                    with LOCK:
+                        st["claimed"] = dict(boot)
+                    body = json.dumps({"Boot": dict(boot, BootSourceOverrideTarget="Hdd")}).encode()
         if method == "POST" and path.endswith("/Actions/ComputerSystem.Reset"):
             kind = json.loads(body or b"{}").get("ResetType")
             with LOCK:
@@ -172,6 +181,10 @@ class Proxy(BaseHTTPRequestHandler):
                 if "lie-unless-mode" in f and isinstance(doc.get("Boot"), dict):
                     doc["Boot"].pop("BootSourceOverrideMode", None)
                     doc["Boot"].pop("BootSourceOverrideMode@Redfish.AllowableValues", None)
+                    with LOCK:
+                        claimed = BOOT.get(path.rstrip("/"), {}).get("claimed")
+                    if claimed:
+                        doc["Boot"].update(claimed)
             data = json.dumps(doc).encode()
         self.reply(st, data, out)
 
