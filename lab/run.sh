@@ -27,7 +27,15 @@
 #              the installing deadline retries the reclaim and the node ends `available`;
 #   nooverride generation 1 deploys; for generation 2 the BMC accepts the one-time Pxe
 #              override but the VM boots its old disk: the node must never be reported
-#              reinstalled, it ends `failed` at netbooting, "never netbooted".
+#              reinstalled; every netboot method is caught within the observe window
+#              (LAB_NETBOOT_OBSERVE, 45 s) and it ends `failed` at netbooting with
+#              "netboot_not_observed ... tried: standard, uefi_override, off_on".
+#   lyingbmc   the BMC (tests/peers/bmc_fault_proxy.py lie-unless-mode in front of sushy)
+#              takes a Pxe override without BootSourceOverrideMode, reads it back as asked
+#              and boots the disk: generation 1 must be caught as netboot_not_observed
+#              within the observe window, recovered by the `uefi_override` method and end
+#              `available`; generation 2 must start with that method (recorded for the
+#              BMC model) and end `available` with no netboot_not_observed.
 # --installer, one VM: instead of the image deploy, the vendor's installer: Debian 12's
 #   debian-installer (debian-installer-12-netboot-amd64) from a mirror built from the
 #   archive by lab/di-mirror.sh and served in the namespace on 10.98.0.1:8080. It loads
@@ -59,7 +67,7 @@ CACHE=${PXED_IMAGE_CACHE:-$here/images/cache}
 W=$(mktemp -d /tmp/pxlab.XXXXXX)
 TOKEN=lab-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 T0=$(date +%s)
-PXED_PID='' CTL_PID='' MIRROR_PID=''
+PXED_PID='' CTL_PID='' MIRROR_PID='' PROXY_PID=''
 FAILED=0
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -76,6 +84,7 @@ cleanup() {
   [ -f "$W/lab.json" ] && python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1
   [ -n "$PXED_PID" ] && kill -TERM "$PXED_PID" 2>/dev/null && wait "$PXED_PID" 2>/dev/null
   [ -n "$MIRROR_PID" ] && kill -TERM "$MIRROR_PID" 2>/dev/null && wait "$MIRROR_PID" 2>/dev/null
+  [ -n "$PROXY_PID" ] && kill -TERM "$PROXY_PID" 2>/dev/null && wait "$PROXY_PID" 2>/dev/null
   ip netns pids "$NS" 2>/dev/null | xargs -r kill -9 2>/dev/null
   ip netns del "$NS" 2>/dev/null
   rm -rf "$W"
@@ -139,9 +148,11 @@ export PXED_STATUS_PUBLIC=true
 case "$FAULT" in
   ''|checksum|notfound) ;;
   poweroff) LAB_INSTALL_DEADLINE=${LAB_INSTALL_DEADLINE:-150s} ;;
-  nooverride) LAB_NETBOOT_DEADLINE=${LAB_NETBOOT_DEADLINE:-90s} REINSTALLS=2
-    export PXED_LIFECYCLE__MAX_ATTEMPTS=1 ;;
-  *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride)" >&2; exit 2 ;;
+  nooverride) REINSTALLS=2
+    export PXED_LIFECYCLE__MAX_ATTEMPTS=1 PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-45s} ;;
+  lyingbmc) REINSTALLS=2
+    export PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-60s} ;;
+  *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride, lyingbmc)" >&2; exit 2 ;;
 esac
 [ -n "$FAULT" ] && VMS=1
 export PXED_LIFECYCLE__DEADLINES__NETBOOTING=${LAB_NETBOOT_DEADLINE:-10m}
@@ -193,6 +204,16 @@ stop_controller() {
   python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1 || true
 }
 start_controller once
+BMC_URL=http://127.0.0.1:8000
+if [ "$FAULT" = lyingbmc ]; then
+  # The lying BMC: the fault proxy in front of sushy, in the namespace.
+  ip netns exec "$NS" python3 "$here/tests/peers/bmc_fault_proxy.py" --upstream "$BMC_URL" \
+    --faults lie-unless-mode > "$W/proxy.out" 2> "$W/proxy.log" &
+  PROXY_PID=$!
+  for _ in $(seq 1 50); do grep -q '^PORT ' "$W/proxy.out" 2>/dev/null && break; sleep 0.2; done
+  BMC_URL="http://127.0.0.1:$(sed -n 's/^PORT //p' "$W/proxy.out")"
+  say "fault lyingbmc: nodes' BMC is the lying proxy at $BMC_URL"
+fi
 api() { # METHOD PATH [JSON] [IDEMPOTENCY-KEY]
   local a=(-sS -X "$1" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json')
   [ -n "${3:-}" ] && a+=(-d "$3")
@@ -205,8 +226,8 @@ say "pxed, sushy-tools and the lab controller are up in netns $NS"
 # ---- 4. register, allocate, reinstall
 IDS=()
 for i in $(seq 1 "$VMS"); do
-  body=$(printf '{"name":"vm%s","arch":"x86_64","macs":["%s"],"bmc":{"driver":"redfish","address":"http://127.0.0.1:8000","username":"admin","password":"password","system_id":"%s"}}' \
-    "$i" "${MACS[$((i-1))]}" "${UUIDS[$((i-1))]}")
+  body=$(printf '{"name":"vm%s","arch":"x86_64","macs":["%s"],"bmc":{"driver":"redfish","address":"%s","username":"admin","password":"password","system_id":"%s"}}' \
+    "$i" "${MACS[$((i-1))]}" "$BMC_URL" "${UUIDS[$((i-1))]}")
   id=$(api POST /nodes "$body" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])')
   api POST "/nodes/$id/actions/allocate" >/dev/null
   IDS+=("$id")
@@ -333,7 +354,7 @@ print("; ".join(problems))' "$n" "$want" "$gen")
         continue ;;
       fail-netboot)
         if [ "$st" = failed ] && [ "$step" = netbooting ] && [ "$installed" = 0 ] \
-           && echo "$reason" | grep -q "never netbooted"; then
+           && echo "$reason" | grep -q "^netboot_not_observed:.*tried: standard, uefi_override, off_on"; then
           PASSES=$((PASSES+1)); say "PASS fault $FAULT: node $id never reported reinstalled; failed in ${took}s: $reason"
         else say "FAIL fault $FAULT: node $id is $st ($step: $reason), installed $installed times"
           FAILED=$((FAILED+1)); diagnose "$id" "$i"; fi
@@ -347,6 +368,31 @@ print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "dead
         say "FAIL fault poweroff: power cut $([ -n "$cut" ] && echo sent || echo never sent), $retried retries"
         FAILED=$((FAILED+1))
       fi
+    fi
+    if [ "$FAULT" = lyingbmc ]; then
+      # Generation 1: caught within the window, recovered by uefi_override; 2: starts with it.
+      verdict=$(echo "$n" | python3 -c 'import sys, json, datetime
+d = json.load(sys.stdin); g = int(sys.argv[1]); window = float(sys.argv[2])
+t = lambda s: datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+ev = [e for e in d["events"] if e["generation"] == g]
+missed = [e for e in ev if e["event"] == "netboot_not_observed"]
+cycles = [e for e in ev if e["event"] == "power_cycled"]
+rec = [e["detail"] for e in ev if e["event"] == "netboot_method_recorded"]
+if g == 1:
+    if len(missed) != 1 or "method standard" not in missed[0]["detail"]:
+        print("want one netboot_not_observed of method standard, got %s" % [e["detail"] for e in missed]); sys.exit()
+    lag = t(missed[0]["at"]) - t(cycles[0]["at"])
+    if not window - 0.1 <= lag <= window + 5:
+        print("caught %.1f s after the power cycle (window %.0f s)" % (lag, window)); sys.exit()
+    if not rec or not rec[0].startswith("uefi_override made it netboot"):
+        print("method not recorded: %s" % rec); sys.exit()
+    print("ok caught %.1f s after the power cycle, recovered by uefi_override" % lag)
+else:
+    if missed or not rec or not rec[0].startswith("uefi_override"):
+        print("the recorded method was not tried first: missed %d, recorded %s" % (len(missed), rec)); sys.exit()
+    print("ok started with uefi_override, nothing missed")' "$gen" "${PXED_LIFECYCLE__NETBOOT_OBSERVE%s}")
+      if [ "${verdict%% *}" = ok ]; then PASSES=$((PASSES+1)); say "PASS fault lyingbmc generation $gen: ${verdict#ok }"
+      else say "FAIL fault lyingbmc generation $gen: $verdict"; FAILED=$((FAILED+1)); fi
     fi
     # The stages must have happened in this order, each exactly where expected.
     order=$(echo "$n" | python3 -c 'import sys, json

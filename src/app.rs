@@ -279,6 +279,12 @@ pub async fn run(
         state.renders.lock().expect("lock").push(stats.clone());
         let (st, settings, c) = (store.clone(), cfg.webhooks.clone(), cancel.clone());
         tasks.spawn(async move { Ok(crate::webhook::run(st, settings, stats, c).await?) });
+        let (st, c) = (state.clone(), cancel.clone());
+        let every = cfg.lifecycle.leftovers_interval;
+        tasks.spawn(async move {
+            crate::leftovers::Leftovers::run(st, every, c).await;
+            Ok(())
+        });
     }
 
     let resumed = state.lifecycle.resume().await?;

@@ -223,6 +223,8 @@ pub struct LifecycleWire {
     pub deadlines: Option<BTreeMap<String, String>>,
     pub max_attempts: Option<i64>,
     pub backoff: Option<String>,
+    pub netboot_observe: Option<String>,
+    pub leftovers_interval: Option<String>,
 }
 
 /// `[bmc]`: bounds on the BMC calls the lifecycle makes while reclaiming a node.
@@ -375,6 +377,13 @@ pub struct LifecycleConfig {
     pub max_attempts: u32,
     #[serde(with = "secs")]
     pub backoff: Duration,
+    /// How long after a power action a DHCP packet from a boot MAC must arrive before
+    /// the next netboot method is tried (`netboot_not_observed`).
+    #[serde(with = "secs")]
+    pub netboot_observe: Duration,
+    /// How often the leftovers check runs (`GET /api/v1/leftovers`).
+    #[serde(with = "secs")]
+    pub leftovers_interval: Duration,
 }
 
 /// Validated BMC call bounds (see [`crate::bmc::CallPolicy`]). A reclaim step that
@@ -701,6 +710,9 @@ pub const BOUNDS: &[(&str, Range)] = &[
     ("lifecycle.max_attempts", Range::count(0, 20)),
     // Doubles per retry (capped at 10 min or itself); tests use tens of ms.
     ("lifecycle.backoff", Range::ms(10, HOUR * 1000)),
+    // Firmware POST to the first DHCP DISCOVER: seconds on VMs, minutes on big servers.
+    ("lifecycle.netboot_observe", Range::ms(100, DAY * 1000)),
+    ("lifecycle.leftovers_interval", Range::ms(100, DAY * 1000)),
     ("bmc.request_timeout", Range::ms(100, 5 * MINUTE * 1000)),
     ("bmc.retries", Range::count(0, 10)),
     ("bmc.power_deadline", Range::secs(1, HOUR)),
@@ -1002,6 +1014,8 @@ pub const ENV_KEYS: &[&str] = &[
     "lifecycle.deadlines.*",
     "lifecycle.max_attempts",
     "lifecycle.backoff",
+    "lifecycle.netboot_observe",
+    "lifecycle.leftovers_interval",
     "bmc.request_timeout",
     "bmc.retries",
     "bmc.power_deadline",
@@ -1291,6 +1305,16 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             "lifecycle.backoff",
             l.backoff.as_deref(),
             Duration::from_secs(10),
+        )?,
+        netboot_observe: duration(
+            "lifecycle.netboot_observe",
+            l.netboot_observe.as_deref(),
+            crate::lifecycle::transition::DEFAULT_NETBOOT_OBSERVE,
+        )?,
+        leftovers_interval: duration(
+            "lifecycle.leftovers_interval",
+            l.leftovers_interval.as_deref(),
+            Duration::from_secs(60),
         )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;

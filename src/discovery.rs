@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::DiscoverySettings;
@@ -40,6 +40,10 @@ pub struct Discovery {
     sightings: Mutex<HashMap<Mac, (Ipv4Addr, Instant)>>,
     /// Told of every DHCP packet from a netboot client (stages from the wire).
     pub stages: std::sync::OnceLock<std::sync::Arc<crate::stages::Stages>>,
+    /// Nodes that netbooted while `available` or `allocated` (something reset them):
+    /// node id -> (its state then, the boot MAC, when; RFC 3339). A leftover until an
+    /// operator acknowledges it or the node leaves that state (see `crate::leftovers`).
+    netboots_at_rest: Mutex<HashMap<i64, (State, Mac, String)>>,
 }
 
 /// Most MACs whose requested address is remembered (a spoofed-MAC flood cannot grow
@@ -127,24 +131,83 @@ impl Discovery {
         self.known.lock().expect("lock").len()
     }
 
+    /// Nodes that netbooted while resting, as [`Discovery::netboots_at_rest`] holds them.
+    pub fn netboots_at_rest(&self) -> Vec<(i64, State, Mac, String)> {
+        let m = self.netboots_at_rest.lock().expect("lock");
+        let mut v: Vec<_> = m
+            .iter()
+            .map(|(id, (st, mac, at))| (*id, *st, *mac, at.clone()))
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v
+    }
+
+    /// Forgets that node `id` netbooted while resting (acknowledged, or it moved on).
+    pub fn forget_netboot_at_rest(&self, id: i64) -> bool {
+        self.netboots_at_rest
+            .lock()
+            .expect("lock")
+            .remove(&id)
+            .is_some()
+    }
+
+    /// DHCP from known nodes' boot MACs: a node `netbooting` has netbooted (the power
+    /// action worked: `NetbootObserved`); one `available` or `allocated` was reset
+    /// behind pxed's back (a leftover).
+    async fn feed_netboots(&self, store: &Store, lifecycle: &Arc<Lifecycle>, macs: &[Mac]) {
+        let nodes = match store.nodes_by_boot_macs(macs).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking up netbooting nodes");
+                return;
+            }
+        };
+        for n in nodes {
+            let (mac, id, state) = (n.mac, n.id, n.state);
+            match state {
+                State::Netbooting | State::Reclaiming => {
+                    let ev = crate::lifecycle::transition::Event::NetbootObserved {
+                        generation: n.generation,
+                        after_reset: n.cycle_sent,
+                    };
+                    if let Err(e) = lifecycle.apply(id, &ev, "dhcp").await {
+                        tracing::debug!(node = id, %mac, error = %e, "netboot observed, not applied");
+                    }
+                }
+                State::Available | State::Allocated => {
+                    let mut m = self.netboots_at_rest.lock().expect("lock");
+                    if m.len() < SIGHTINGS_CAP && !m.contains_key(&id) {
+                        tracing::warn!(node = id, %mac, %state, "a resting node netbooted: something reset it");
+                        m.insert(id, (state, mac, crate::store::nodes::now()));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Registers what DHCP saw, batched: a burst of new machines is one transaction,
     /// so discovery never holds up lease commits. Ends when the DHCP server drops its
     /// sender.
     pub async fn run(
         &self,
         store: &Store,
-        lifecycle: &Lifecycle,
+        lifecycle: &Arc<Lifecycle>,
         mut rx: tokio::sync::mpsc::Receiver<crate::dhcp::DhcpSeen>,
     ) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 256).await > 0 {
             let mut new: Vec<(Mac, Option<Arch>)> = Vec::new();
+            let mut netbooted: Vec<Mac> = Vec::new();
             {
                 let known = self.known.lock().expect("lock");
                 for seen in batch.drain(..) {
                     let mac = seen.mac;
                     if let Some(stages) = self.stages.get() {
                         stages.dhcp_seen(&seen);
+                    }
+                    if !netbooted.contains(&mac) {
+                        netbooted.push(mac);
                     }
                     if let Some(ip) = seen.address {
                         self.sight(mac, ip, Instant::now());
@@ -153,6 +216,9 @@ impl Discovery {
                         new.push((mac, seen.arch.and_then(Arch::from_client_arch)));
                     }
                 }
+            }
+            if !netbooted.is_empty() {
+                self.feed_netboots(store, lifecycle, &netbooted).await;
             }
             if new.is_empty() {
                 continue;

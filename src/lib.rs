@@ -19,6 +19,7 @@ pub mod http;
 pub mod images;
 pub mod install;
 pub mod inventory;
+pub mod leftovers;
 pub mod lifecycle;
 pub mod metrics;
 pub mod model;

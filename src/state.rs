@@ -48,6 +48,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Unknown netboot clients seen by DHCP become `discovered` nodes.
     pub discovery: Discovery,
+    /// What the last leftovers check found (`GET /api/v1/leftovers`).
+    pub leftovers: Arc<crate::leftovers::Leftovers>,
     /// Status-page event streams open at once (bounded).
     pub subscribers: Arc<tokio::sync::Semaphore>,
     /// HTTP connection limits (from the open-files limit at start).
@@ -87,19 +89,27 @@ impl AppState {
             lifecycle.subscribe(),
         ));
         let stage_stats: Arc<dyn Render> = stages.stats.clone();
+        let leftovers = Arc::new(crate::leftovers::Leftovers::default());
+        let leftovers_render: Arc<dyn Render> = leftovers.clone();
         Arc::new(AppState {
             cfg,
             store,
             lifecycle,
             api_token,
             stats: AppStats::default(),
-            renders: Mutex::new(vec![store_health, telemetry_stats, stage_stats]),
+            renders: Mutex::new(vec![
+                store_health,
+                telemetry_stats,
+                stage_stats,
+                leftovers_render,
+            ]),
             shutdown: cancel,
             discovery: {
                 let d = Discovery::new(discovery);
                 let _ = d.stages.set(stages.clone());
                 d
             },
+            leftovers,
             conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
             subscribers: Arc::new(tokio::sync::Semaphore::new(
                 crate::http::status::MAX_SUBSCRIBERS,
@@ -190,6 +200,15 @@ impl AppState {
             sample(&mut out, name, help, "counter", c.get());
         }
         self.lifecycle.bmc_failures.render(&mut out);
+        self.lifecycle.netboot_not_observed.render(&mut out);
+        self.lifecycle.netboot_observed.render(&mut out);
+        sample(
+            &mut out,
+            "pxed_boot_loops_total",
+            "Nodes stopped because the installer was served twice in one attempt",
+            "counter",
+            self.lifecycle.boot_loops.get(),
+        );
         for r in self.renders.lock().expect("lock").iter() {
             r.render(&mut out);
         }

@@ -685,6 +685,20 @@ pub trait Bmc: fmt::Debug + Send + Sync {
     /// What the BMC advertises, and whether the credentials work. Credential refusal is
     /// reported in the [`CheckReport`], not as an error.
     fn check(&self) -> BoxFuture<'_, Result<CheckReport, BmcError>>;
+    /// [`Bmc::set_next_boot`] with the boot mode written even where the BMC does not
+    /// advertise the field (netboot method `uefi_override`). Drivers without a mode
+    /// field set the override as `set_next_boot` does.
+    fn set_next_boot_with_mode(
+        &self,
+        next: NextBoot,
+    ) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+        self.set_next_boot(next)
+    }
+    /// What the BMC says the machine is (vendor, model, firmware), as one line: the key
+    /// under which the netboot method that worked is remembered. `None` when unknown.
+    fn model(&self) -> BoxFuture<'_, Result<Option<String>, BmcError>> {
+        Box::pin(async { Ok(None) })
+    }
     /// SHA-256 (lowercase hex) of the TLS certificate seen, for the caller to pin.
     fn tls_fingerprint(&self) -> Option<String> {
         None

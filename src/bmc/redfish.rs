@@ -227,6 +227,16 @@ fn mode_name(m: BootMode) -> &'static str {
 
 /// Builds the PATCH body from what the system advertises. Pure, so it is unit-tested.
 fn boot_patch(system: &Value, next: &NextBoot) -> Result<(Value, Vec<String>), BmcError> {
+    boot_patch_with(system, next, false)
+}
+
+/// [`boot_patch`]; `force_mode` writes `BootSourceOverrideMode` even where the system
+/// does not show the field (firmware that boots legacy or the disk unless told).
+fn boot_patch_with(
+    system: &Value,
+    next: &NextBoot,
+    force_mode: bool,
+) -> Result<(Value, Vec<String>), BmcError> {
     let boot = system
         .get("Boot")
         .filter(|b| b.is_object())
@@ -269,6 +279,9 @@ fn boot_patch(system: &Value, next: &NextBoot) -> Result<(Value, Vec<String>), B
             });
         }
         b.insert("BootSourceOverrideMode".into(), json!(mode));
+    } else if force_mode {
+        b.insert("BootSourceOverrideMode".into(), json!(mode_name(next.mode)));
+        notes.push("BootSourceOverrideMode not shown: written anyway".into());
     } else {
         notes.push("no BootSourceOverrideMode: firmware picks the mode".into());
     }
@@ -808,11 +821,32 @@ impl RedfishBmc {
     }
 
     async fn do_set_boot(&self, next: NextBoot) -> Result<BootOverride, BmcError> {
+        self.set_boot(next, false).await
+    }
+
+    async fn do_set_boot_with_mode(&self, next: NextBoot) -> Result<BootOverride, BmcError> {
+        self.set_boot(next, true).await
+    }
+
+    /// `Manufacturer Model, BIOS BiosVersion` of the system.
+    async fn do_model(&self) -> Result<Option<String>, BmcError> {
+        let path = self.system().await?.to_string();
+        let sys = self.get(Step::Check, &path).await?.body;
+        let field = |k: &str| sys[k].as_str().unwrap_or("?").trim().to_string();
+        Ok(Some(format!(
+            "redfish: {} {}, BIOS {}",
+            field("Manufacturer"),
+            field("Model"),
+            field("BiosVersion")
+        )))
+    }
+
+    async fn set_boot(&self, next: NextBoot, force_mode: bool) -> Result<BootOverride, BmcError> {
         let path = &self.system().await?.to_string();
         let next = &next;
         set_until_read_back(&self.policy, D, &self.base, |more| async move {
             let cur = self.get(Step::SetBoot, path).await?;
-            let (patch, notes) = boot_patch(&cur.body, next)?;
+            let (mut patch, notes) = boot_patch_with(&cur.body, next, force_mode)?;
             for n in &notes {
                 tracing::info!(bmc = %self.base, note = %n, "boot override");
             }
@@ -832,6 +866,13 @@ impl RedfishBmc {
                 Err(e) => return Err(e),
             }
             let got = parse_boot(&self.get(Step::ReadBoot, path).await?.body);
+            // A mode written to a BMC that shows none cannot be read back.
+            if force_mode
+                && cur.body["Boot"].get("BootSourceOverrideMode").is_none()
+                && let Some(b) = patch["Boot"].as_object_mut()
+            {
+                b.remove("BootSourceOverrideMode");
+            }
             if !override_matches(&patch, &got) {
                 let wanted = patch["Boot"].to_string();
                 return Ok(ReadBack::Differs { wanted, got });
@@ -1017,7 +1058,16 @@ impl_bmc!(
     RedfishBmc,
     fn tls_fingerprint(&self) -> Option<String> {
         self.seen()
-    }
+    },
+    fn set_next_boot_with_mode(
+        &self,
+        next: NextBoot,
+    ) -> BoxFuture<'_, Result<BootOverride, BmcError>> {
+        Box::pin(self.do_set_boot_with_mode(next))
+    },
+    fn model(&self) -> BoxFuture<'_, Result<Option<String>, BmcError>> {
+        Box::pin(self.do_model())
+    },
 );
 
 /// The pure readers of Redfish bodies, for the fuzz targets in `fuzz/` only: thin

@@ -35,6 +35,11 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/nodes/{id}/actions/{action}", post(action))
         .route("/nodes/{id}/bmc/check", post(bmc_check))
         .route("/images", get(list_images))
+        .route("/leftovers", get(super::leftovers::list))
+        .route(
+            "/leftovers/{kind}/{subject}/resolve",
+            post(super::leftovers::resolve),
+        )
         .fallback(|| async { ApiError::not_found("API route") })
         .route_layer(axum::middleware::from_fn_with_state(state, auth))
 }

@@ -21,6 +21,7 @@ use crate::state::AppState;
 pub mod agent;
 pub mod api;
 pub mod error;
+pub mod leftovers;
 pub mod log;
 pub mod status;
 

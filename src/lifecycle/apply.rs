@@ -37,7 +37,8 @@ pub struct Applied {
     pub outcome: Outcome,
 }
 
-/// The lifecycle fields of a stored row, for [`transition`].
+/// The lifecycle fields of a stored row, for [`transition`] (netboot progress and plan
+/// left at their defaults: [`apply`] loads them).
 pub fn to_node(row: &NodeRow, first_boot_reported: bool) -> Node {
     Node {
         state: row.state,
@@ -50,6 +51,8 @@ pub fn to_node(row: &NodeRow, first_boot_reported: bool) -> Node {
             reason: row.failed_reason.clone().unwrap_or_default(),
         }),
         first_boot_reported,
+        netboot: Default::default(),
+        plan: Vec::new(),
     }
 }
 
@@ -69,7 +72,14 @@ pub async fn apply(
     let mut tx = store.begin_node_tx().await?;
     let row = tx.node(id).await?.ok_or(ApplyError::NotFound(id))?;
     let reported = tx.first_boot_reported(id, row.generation).await?;
-    let node = to_node(&row, reported);
+    let mut node = to_node(&row, reported);
+    node.netboot = tx.netboot(id, row.generation).await?;
+    if matches!(
+        event,
+        Event::ReinstallRequested { .. } | Event::NetbootNotObserved { .. }
+    ) {
+        node.plan = tx.netboot_plan(id).await?;
+    }
     let outcome = transition(&node, event, policy)?;
     let Outcome::Changed(t) = &outcome else {
         if let (Some(key), Some(answer)) = (hooks.idempotency_key, hooks.answer) {
@@ -113,6 +123,10 @@ pub async fn apply(
     }
     if !tx.update_node(&new, row.version).await? {
         return Err(ApplyError::Conflict(id));
+    }
+    if t.node.netboot != node.netboot || t.node.generation != node.generation {
+        tx.put_netboot(id, t.node.generation, &t.node.netboot)
+            .await?;
     }
     new.version += 1;
     let detail = event.detail();

@@ -10,7 +10,9 @@
 //! on from `reclaiming` to `netbooting` or `installing`, because a deadline in those
 //! states re-runs the reclaim; resetting it there would let a node that never boots
 //! loop forever. It is reset when the node comes to rest (`available`, `allocated`,
-//! `quarantined`) and kept in `failed` to show how many retries were spent.
+//! `quarantined`) and kept in `failed` to show how many retries were spent. Moving on to
+//! the next netboot method (`netboot_not_observed`) is a new attempt too, but not a
+//! retry: [`Policy::may_retry`] allows `max_attempts` retries besides the fallbacks.
 //!
 //! Deadlines: a node has at most one deadline. [`Effect::ArmDeadline`] replaces any
 //! previous one; [`Effect::ClearDeadline`] drops it. A deadline is armed whenever the node
@@ -55,6 +57,21 @@ fn deadline_reason(node: &Node, policy: &Policy) -> String {
     }
 }
 
+/// What a node fails with when no netboot method made it netboot. It starts with
+/// `netboot_not_observed:` so alerts can match it, and names what was tried.
+fn not_observed_reason(node: &Node, policy: &Policy) -> String {
+    let within = policy
+        .observe_window
+        .map(|d| format!(" within {}s", d.as_secs()))
+        .unwrap_or_default();
+    format!(
+        "netboot_not_observed: no DHCP from a boot MAC{within} of the power action after \
+         every netboot method (tried: {}); the BMC accepts the boot override but the \
+         machine boots something else",
+        node.netboot.tried_text()
+    )
+}
+
 /// Why a node is `failed` or `quarantined` (`nodes.failed_step`, `nodes.failed_reason`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
@@ -62,6 +79,104 @@ pub struct Failure {
     pub step: Step,
     /// Human-readable reason: the BMC's error, `deadline`, the health detail, the operator's text.
     pub reason: String,
+}
+
+/// How a reclaim makes a machine netboot. A BMC that accepts a one-time override and
+/// boots the disk anyway is caught by the observe window (no DHCP from a boot MAC
+/// after the power action) and the node is retried with the next method of its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NetbootMethod {
+    /// The one-time override with the fields the BMC advertises, then its restart reset
+    /// (`PowerCycle`, else `ForceRestart`).
+    Standard,
+    /// The override with `BootSourceOverrideMode: UEFI` spelled out even where the BMC
+    /// does not advertise the field (firmware that otherwise picks legacy or the disk).
+    UefiOverride,
+    /// The override with the mode spelled out, then a reset of the other kind:
+    /// `ForceOff`, wait for Off, `On` (BMCs that apply an override only at a cold boot).
+    OffOn,
+}
+
+impl NetbootMethod {
+    /// Every method, in the default order of a plan.
+    pub const ALL: [NetbootMethod; 3] = [
+        NetbootMethod::Standard,
+        NetbootMethod::UefiOverride,
+        NetbootMethod::OffOn,
+    ];
+
+    /// Snake-case name (store, audit, metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetbootMethod::Standard => "standard",
+            NetbootMethod::UefiOverride => "uefi_override",
+            NetbootMethod::OffOn => "off_on",
+        }
+    }
+
+    /// The method named `s` (see [`NetbootMethod::as_str`]).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
+    }
+
+    /// The default order with `preferred` (methods that worked for this BMC model,
+    /// best first) moved to the front.
+    pub fn plan(preferred: &[NetbootMethod]) -> Vec<NetbootMethod> {
+        let mut plan: Vec<NetbootMethod> = Vec::with_capacity(Self::ALL.len());
+        for m in preferred.iter().copied().chain(Self::ALL) {
+            if !plan.contains(&m) {
+                plan.push(m);
+            }
+        }
+        plan
+    }
+}
+
+impl fmt::Display for NetbootMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the current reinstall is in its plan of netboot methods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Netboot {
+    /// The method the current reclaim attempt uses.
+    pub method: NetbootMethod,
+    /// Methods used in this generation, in order (the current one last).
+    pub tried: Vec<NetbootMethod>,
+    /// A DHCP packet from a boot MAC arrived since the last power action.
+    pub observed: bool,
+}
+
+impl Default for Netboot {
+    fn default() -> Self {
+        Netboot {
+            method: NetbootMethod::Standard,
+            tried: Vec::new(),
+            observed: false,
+        }
+    }
+}
+
+impl Netboot {
+    /// Starts a plan with `method`.
+    fn start(method: NetbootMethod) -> Self {
+        Netboot {
+            method,
+            tried: vec![method],
+            observed: false,
+        }
+    }
+
+    /// The methods tried, as `a, b, c`.
+    pub fn tried_text(&self) -> String {
+        self.tried
+            .iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// The lifecycle fields of a node record: what `transition` reads and what it returns.
@@ -83,6 +198,13 @@ pub struct Node {
     /// Not a column: derive it from the audit log, i.e. a `node_events` row with this
     /// generation and event `first_boot_reported`.
     pub first_boot_reported: bool,
+    /// The netboot method in use, those tried and whether the netboot was observed
+    /// (`netboot_progress`, migration 0010).
+    pub netboot: Netboot,
+    /// Input only: the order to try netboot methods in for this node's BMC model (the
+    /// one that worked last for the model first; see [`NetbootMethod::plan`]). Empty
+    /// means the default order.
+    pub plan: Vec<NetbootMethod>,
 }
 
 impl Node {
@@ -96,6 +218,17 @@ impl Node {
             token: None,
             failure: None,
             first_boot_reported: false,
+            netboot: Netboot::default(),
+            plan: Vec::new(),
+        }
+    }
+
+    /// The plan in force: [`Node::plan`], or the default order when it is empty.
+    fn plan(&self) -> Vec<NetbootMethod> {
+        if self.plan.is_empty() {
+            NetbootMethod::ALL.to_vec()
+        } else {
+            self.plan.clone()
         }
     }
 }
@@ -125,6 +258,18 @@ pub enum Event {
         generation: i64,
         attempt: u32,
         reason: String,
+    },
+    /// A DHCP packet from one of the node's boot MACs arrived while it was
+    /// `netbooting` (or `reclaiming` with `after_reset`: the power cycle of the current
+    /// attempt was already sent; firmware may DHCP before the BMC reports the reset
+    /// done): the power action made the machine netboot.
+    NetbootObserved { generation: i64, after_reset: bool },
+    /// The observe window armed by [`Effect::ArmObserveWindow`] passed without a DHCP
+    /// packet from a boot MAC: the BMC took the override and booted something else.
+    NetbootNotObserved {
+        generation: i64,
+        attempt: u32,
+        method: NetbootMethod,
     },
     /// The per-node iPXE script served the installer for this generation.
     InstallerServed { generation: i64 },
@@ -173,6 +318,8 @@ impl Event {
             Event::NetbootSet { .. } => "netboot_set",
             Event::PowerCycled { .. } => "power_cycled",
             Event::BmcStepFailed { .. } => "bmc_step_failed",
+            Event::NetbootObserved { .. } => "netboot_observed",
+            Event::NetbootNotObserved { .. } => "netboot_not_observed",
             Event::InstallerServed { .. } => "installer_served",
             Event::InstallFinished { .. } => "install_finished",
             Event::InstallFailed { .. } => "install_failed",
@@ -202,12 +349,18 @@ impl Event {
             Event::DeadlineExpired { state, attempt, .. } => {
                 Some(format!("{state} (attempt {attempt})"))
             }
+            Event::NetbootNotObserved {
+                attempt, method, ..
+            } => Some(format!(
+                "no DHCP from a boot MAC after the power action (method {method}, attempt {attempt})"
+            )),
             Event::Quarantined { reason } | Event::MarkedFailed { reason } => Some(reason.clone()),
             Event::Enrolled
             | Event::Allocated
             | Event::Released
             | Event::NetbootSet { .. }
             | Event::PowerCycled { .. }
+            | Event::NetbootObserved { .. }
             | Event::InstallerServed { .. }
             | Event::InstallFinished { .. }
             | Event::HealthPassed { .. }
@@ -220,6 +373,7 @@ impl Event {
     fn callback_generation(&self) -> Option<i64> {
         match self {
             Event::InstallerServed { generation }
+            | Event::NetbootObserved { generation, .. }
             | Event::InstallFinished { generation }
             | Event::InstallFailed { generation, .. }
             | Event::FirstBootReported { generation, .. }
@@ -232,6 +386,7 @@ impl Event {
             | Event::NetbootSet { .. }
             | Event::PowerCycled { .. }
             | Event::BmcStepFailed { .. }
+            | Event::NetbootNotObserved { .. }
             | Event::DeadlineExpired { .. }
             | Event::Quarantined { .. }
             | Event::Restored
@@ -253,16 +408,20 @@ pub enum Effect {
     /// Set one-time network boot, then read it back; answer with `NetbootSet` or
     /// `BmcStepFailed { step: SetNetboot }` echoing `generation` and `attempt`.
     /// Wait `delay` first (retry backoff); skip it if [`Effect::is_current`] turns false.
+    /// `method` says how (see [`NetbootMethod`]).
     SetNetboot {
         generation: i64,
         attempt: u32,
         delay: Duration,
+        method: NetbootMethod,
     },
-    /// Power-cycle; answer with `PowerCycled` or `BmcStepFailed { step: PowerCycle }`.
+    /// Power-cycle (the reset `method` asks for); answer with `PowerCycled` or
+    /// `BmcStepFailed { step: PowerCycle }`.
     PowerCycle {
         generation: i64,
         attempt: u32,
         delay: Duration,
+        method: NetbootMethod,
     },
     /// Replace the node's deadline: after `after`, send
     /// `DeadlineExpired { state, generation, attempt }`.
@@ -274,6 +433,20 @@ pub enum Effect {
     },
     /// Drop the node's deadline.
     ClearDeadline,
+    /// Replace the node's deadline with the netboot observe window: after `after`, send
+    /// `NetbootNotObserved { generation, attempt, method }`.
+    ArmObserveWindow {
+        generation: i64,
+        attempt: u32,
+        method: NetbootMethod,
+        after: Duration,
+    },
+    /// The node netbooted with `method`: record that it works for its BMC's model, so
+    /// the next reinstall of a node of that model tries it first. Best effort.
+    RecordNetbootMethod {
+        generation: i64,
+        method: NetbootMethod,
+    },
     /// The node netbooted for `generation`: read its BMC's boot override and take it
     /// away if it still boots the network (a BMC that keeps a one-time override as
     /// `Continuous` would otherwise netboot the installed system again). Best effort: a
@@ -289,6 +462,8 @@ impl Effect {
             Effect::PowerCycle { .. } => BmcStep::PowerCycle.as_str(),
             Effect::ArmDeadline { .. } => "arm_deadline",
             Effect::ClearDeadline => "clear_deadline",
+            Effect::ArmObserveWindow { .. } => "arm_observe_window",
+            Effect::RecordNetbootMethod { .. } => "record_netboot_method",
             Effect::ClearBootOverride { .. } => "clear_boot_override",
         }
     }
@@ -319,6 +494,17 @@ impl Effect {
                 ..
             } => node.state == *state && node.generation == *generation && node.attempt == *attempt,
             Effect::ClearDeadline => true,
+            Effect::ArmObserveWindow {
+                generation,
+                attempt,
+                ..
+            } => {
+                node.state == State::Netbooting
+                    && !node.netboot.observed
+                    && node.generation == *generation
+                    && node.attempt == *attempt
+            }
+            Effect::RecordNetbootMethod { generation, .. } => node.generation == *generation,
             Effect::ClearBootOverride { generation } => {
                 node.generation == *generation
                     && matches!(node.state, State::Installing | State::FirstBoot)
@@ -341,7 +527,14 @@ pub struct Policy {
     pub backoff: Duration,
     /// Cap of the exponential backoff.
     pub backoff_max: Duration,
+    /// How long after the power action a DHCP packet from a boot MAC must arrive
+    /// before the next netboot method is tried (`lifecycle.netboot_observe`); `None`
+    /// waits for the `netbooting` deadline only.
+    pub observe_window: Option<Duration>,
 }
+
+/// Default of `lifecycle.netboot_observe`.
+pub const DEFAULT_NETBOOT_OBSERVE: Duration = Duration::from_secs(180);
 
 /// Cap on the retry delay when the configuration gives none.
 pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(600);
@@ -359,7 +552,33 @@ impl Policy {
             max_attempts: c.max_attempts,
             backoff: c.backoff,
             backoff_max: DEFAULT_BACKOFF_MAX.max(c.backoff),
+            observe_window: Some(c.netboot_observe),
         }
+    }
+
+    /// The timer armed for `node` as it is: the observe window while it is
+    /// `netbooting` and no DHCP from a boot MAC was seen, else its state's deadline.
+    /// (The worker re-arms from this on restart.)
+    pub fn timer_for(&self, node: &Node) -> Option<Effect> {
+        // A `netbooting` deadline shorter than the window is the tighter watch.
+        if node.state == State::Netbooting
+            && !node.netboot.observed
+            && let Some(after) = self.observe_window
+            && self.deadline(State::Netbooting).is_none_or(|d| after < d)
+        {
+            return Some(Effect::ArmObserveWindow {
+                generation: node.generation,
+                attempt: node.attempt,
+                method: node.netboot.method,
+                after,
+            });
+        }
+        self.deadline(node.state).map(|after| Effect::ArmDeadline {
+            state: node.state,
+            generation: node.generation,
+            attempt: node.attempt,
+            after,
+        })
     }
 
     /// The deadline armed on entering `state`, if any.
@@ -368,6 +587,13 @@ impl Policy {
             return None;
         }
         self.deadlines[state.index()]
+    }
+
+    /// Whether the current round has a retry left: `max_attempts` retries besides the
+    /// attempts that moved on to the next netboot method (a fallback is not a retry).
+    pub fn may_retry(&self, node: &Node) -> bool {
+        let fallbacks = u32::try_from(node.netboot.tried.len().saturating_sub(1)).unwrap_or(0);
+        node.attempt < self.max_attempts.saturating_add(fallbacks)
     }
 
     /// Delay before the retry that moves the node to `attempt` (1-based).
@@ -397,6 +623,7 @@ impl Default for Policy {
             max_attempts: 3,
             backoff: Duration::from_secs(10),
             backoff_max: DEFAULT_BACKOFF_MAX,
+            observe_window: Some(DEFAULT_NETBOOT_OBSERVE),
         }
     }
 }
@@ -433,13 +660,16 @@ pub enum Ignored {
     StaleBmcResult,
     /// A repeat of what already happened (agent or script retried, already quarantined).
     Repeated,
+    /// Something the node did that the lifecycle is not waiting for in its state (a
+    /// DHCP packet from a node that is not netbooting: see the leftovers check).
+    NotAwaited,
 }
 
 /// What `transition` decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The node changes; see [`Transition`].
-    Changed(Transition),
+    /// The node changes; see [`Transition`] (boxed: it carries two node records' worth).
+    Changed(Box<Transition>),
     /// A reinstall was requested while one is running: nothing changes; answer with
     /// the running operation.
     InProgress { state: State, generation: i64 },
@@ -533,6 +763,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             if image.is_none() {
                 return Err(TransitionError::NoImage);
             }
+            let method = node.plan()[0];
             let next = Node {
                 state: S::Reclaiming,
                 generation: node.generation + 1,
@@ -541,11 +772,14 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
                 token: Some(token.clone()),
                 failure: None,
                 first_boot_reported: false,
+                netboot: Netboot::start(method),
+                plan: node.plan.clone(),
             };
             let set = Effect::SetNetboot {
                 generation: next.generation,
                 attempt: 0,
                 delay: Duration::ZERO,
+                method,
             };
             Ok(changed(node, next, policy, Duration::ZERO, vec![set], None))
         }
@@ -572,6 +806,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
                 generation: node.generation,
                 attempt: node.attempt,
                 delay: Duration::ZERO,
+                method: node.netboot.method,
             };
             Ok(changed(
                 node,
@@ -592,6 +827,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             if !bmc_current(*generation, *attempt) {
                 return stale_bmc;
             }
+            // `observed` stays: the netboot may have been seen before this answer.
             let next = Node {
                 state: S::Netbooting,
                 ..node.clone()
@@ -610,23 +846,28 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             if !bmc_current(*generation, *attempt) {
                 return stale_bmc;
             }
-            if node.attempt < policy.max_attempts {
+            if policy.may_retry(node) {
                 let attempt = node.attempt + 1;
                 let delay = policy.backoff_for(attempt);
                 let next = Node {
                     attempt,
                     ..node.clone()
                 };
+                let method = node.netboot.method;
+                let mut next = next;
+                next.netboot.observed = false;
                 let again = match step {
                     BmcStep::SetNetboot => Effect::SetNetboot {
                         generation: node.generation,
                         attempt,
                         delay,
+                        method,
                     },
                     BmcStep::PowerCycle => Effect::PowerCycle {
                         generation: node.generation,
                         attempt,
                         delay,
+                        method,
                     },
                 };
                 Ok(changed(node, next, policy, delay, vec![again], None))
@@ -647,6 +888,104 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             E::NetbootSet { .. } | E::PowerCycled { .. } | E::BmcStepFailed { .. },
         ) => stale_bmc,
 
+        // Before the reset was sent, a DHCP is the machine's previous boot, not ours.
+        (S::Reclaiming, E::NetbootObserved { after_reset, .. }) => {
+            if !after_reset {
+                return Ok(Outcome::Ignored(Ignored::NotAwaited));
+            }
+            if node.netboot.observed {
+                return Ok(Outcome::Ignored(Ignored::Repeated));
+            }
+            let mut next = node.clone();
+            next.netboot.observed = true;
+            let record = Effect::RecordNetbootMethod {
+                generation: node.generation,
+                method: node.netboot.method,
+            };
+            Ok(changed(
+                node,
+                next,
+                policy,
+                Duration::ZERO,
+                vec![record],
+                None,
+            ))
+        }
+        (S::Netbooting, E::NetbootObserved { .. }) => {
+            if node.netboot.observed {
+                return Ok(Outcome::Ignored(Ignored::Repeated));
+            }
+            let mut next = node.clone();
+            next.netboot.observed = true;
+            // The observe window is replaced by the rest of the `netbooting` deadline.
+            let mut effects = Vec::new();
+            if let Some(after) = policy.deadline(S::Netbooting) {
+                effects.push(Effect::ArmDeadline {
+                    state: S::Netbooting,
+                    generation: node.generation,
+                    attempt: node.attempt,
+                    after,
+                });
+            }
+            effects.push(Effect::RecordNetbootMethod {
+                generation: node.generation,
+                method: node.netboot.method,
+            });
+            Ok(changed(node, next, policy, Duration::ZERO, effects, None))
+        }
+        (
+            S::Discovered
+            | S::Available
+            | S::Allocated
+            | S::Installing
+            | S::FirstBoot
+            | S::Failed
+            | S::Quarantined,
+            E::NetbootObserved { .. },
+        ) => Ok(Outcome::Ignored(Ignored::NotAwaited)),
+
+        (
+            S::Netbooting,
+            E::NetbootNotObserved {
+                generation,
+                attempt,
+                ..
+            },
+        ) if !node.netboot.observed
+            && (*generation, *attempt) == (node.generation, node.attempt) =>
+        {
+            let plan = node.plan();
+            match plan.iter().find(|m| !node.netboot.tried.contains(m)) {
+                Some(&method) => {
+                    let mut netboot = node.netboot.clone();
+                    netboot.method = method;
+                    netboot.tried.push(method);
+                    netboot.observed = false;
+                    let next = Node {
+                        state: S::Reclaiming,
+                        attempt: node.attempt + 1,
+                        netboot,
+                        ..node.clone()
+                    };
+                    let set = Effect::SetNetboot {
+                        generation: node.generation,
+                        attempt: next.attempt,
+                        delay: Duration::ZERO,
+                        method,
+                    };
+                    Ok(changed(node, next, policy, Duration::ZERO, vec![set], None))
+                }
+                None => Ok(fail(
+                    node,
+                    policy,
+                    Step::Stage(S::Netbooting),
+                    not_observed_reason(node, policy),
+                )),
+            }
+        }
+        // A window for another attempt, or the netboot was seen meanwhile.
+        (_, E::NetbootNotObserved { .. }) => Ok(Outcome::Ignored(Ignored::StaleDeadline)),
+
         (S::Netbooting, E::InstallerServed { .. }) => {
             let next = Node {
                 state: S::Installing,
@@ -664,8 +1003,18 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
                 None,
             ))
         }
-        // The firmware or installer fetched the script again (an interrupted install).
-        (S::Installing, E::InstallerServed { .. }) => Ok(Outcome::Ignored(Ignored::Repeated)),
+        // The installer was served a second time in this attempt: the machine rebooted
+        // into the netboot again instead of installing (an override the BMC keeps, an
+        // installer that crashes and reboots). Serving it again would loop forever.
+        (S::Installing, E::InstallerServed { generation }) => Ok(fail(
+            node,
+            policy,
+            Step::Stage(S::Installing),
+            format!(
+                "boot_loop: the installer was served twice in generation {generation}; \
+                 the machine netbooted again instead of installing"
+            ),
+        )),
         (
             S::Discovered
             | S::Available
@@ -787,19 +1136,21 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             Ok(Outcome::Ignored(Ignored::StaleDeadline))
         }
         (S::Reclaiming | S::Netbooting | S::Installing, E::DeadlineExpired { .. }) => {
-            if node.attempt < policy.max_attempts {
+            if policy.may_retry(node) {
                 // Whatever stage hung, the cure is the same: netboot and power-cycle again.
                 let attempt = node.attempt + 1;
                 let delay = policy.backoff_for(attempt);
-                let next = Node {
+                let mut next = Node {
                     state: S::Reclaiming,
                     attempt,
                     ..node.clone()
                 };
+                next.netboot.observed = false;
                 let set = Effect::SetNetboot {
                     generation: node.generation,
                     attempt,
                     delay,
+                    method: node.netboot.method,
                 };
                 Ok(changed(node, next, policy, delay, vec![set], None))
             } else {
@@ -919,23 +1270,25 @@ fn changed(
         || next.generation != before.generation
         || next.attempt != before.attempt;
     let mut effects = Vec::with_capacity(actions.len() + 1);
-    match (policy.deadline(before.state), policy.deadline(next.state)) {
-        (_, Some(after)) if entered => effects.push(Effect::ArmDeadline {
-            state: next.state,
-            generation: next.generation,
-            attempt: next.attempt,
-            after: after.saturating_add(delay),
-        }),
+    match (policy.deadline(before.state), policy.timer_for(&next)) {
+        (_, Some(mut timer)) if entered => {
+            if let Effect::ArmDeadline { after, .. } | Effect::ArmObserveWindow { after, .. } =
+                &mut timer
+            {
+                *after = after.saturating_add(delay);
+            }
+            effects.push(timer);
+        }
         (Some(_), None) => effects.push(Effect::ClearDeadline),
         _ => {}
     }
     effects.extend(actions);
-    Outcome::Changed(Transition {
+    Outcome::Changed(Box::new(Transition {
         node: next,
         effects,
         report,
         entered,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -950,7 +1303,17 @@ mod tests {
             max_attempts: 3,
             backoff: SECS(10),
             backoff_max: SECS(25),
+            // The observe window has its own tests (`observe_window_*`).
+            observe_window: None,
             ..Policy::default()
+        }
+    }
+
+    /// [`policy`] with a 60 s observe window (the `netbooting` deadline is 900 s).
+    fn observing() -> Policy {
+        Policy {
+            observe_window: Some(SECS(60)),
+            ..policy()
         }
     }
 
@@ -971,6 +1334,12 @@ mod tests {
                 reason: "earlier".into(),
             }),
             first_boot_reported: state == S::FirstBoot,
+            netboot: if state.in_progress() {
+                Netboot::start(NetbootMethod::Standard)
+            } else {
+                Netboot::default()
+            },
+            plan: Vec::new(),
         }
     }
 
@@ -1001,6 +1370,15 @@ mod tests {
             },
             Event::InstallerServed { generation },
             Event::InstallFinished { generation },
+            Event::NetbootObserved {
+                generation,
+                after_reset: true,
+            },
+            Event::NetbootNotObserved {
+                generation,
+                attempt,
+                method: n.netboot.method,
+            },
             Event::InstallFailed {
                 generation,
                 stage: "verify".into(),
@@ -1052,6 +1430,8 @@ mod tests {
             Event::Restored => 14,
             Event::MarkedFailed { .. } => 15,
             Event::InstallFailed { .. } => 16,
+            Event::NetbootObserved { .. } => 17,
+            Event::NetbootNotObserved { .. } => 18,
         }
     }
 
@@ -1086,7 +1466,14 @@ mod tests {
             (S::Netbooting, "installer_served") => {
                 To(S::Installing, &["arm_deadline", "clear_boot_override"])
             }
-            (S::Installing, "installer_served") => Ignored(super::Ignored::Repeated),
+            (S::Installing, "installer_served") => To(S::Failed, CLEAR),
+            (S::Netbooting, "netboot_observed") => {
+                To(S::Netbooting, &["arm_deadline", "record_netboot_method"])
+            }
+            (S::Reclaiming, "netboot_observed") => To(S::Reclaiming, &["record_netboot_method"]),
+            (_, "netboot_observed") => Ignored(super::Ignored::NotAwaited),
+            (S::Netbooting, "netboot_not_observed") => To(S::Reclaiming, RECLAIM),
+            (_, "netboot_not_observed") => Ignored(super::Ignored::StaleDeadline),
             (S::Netbooting | S::Installing, "install_finished") => To(S::FirstBoot, ARM),
             (S::FirstBoot, "install_finished") => Ignored(super::Ignored::Repeated),
             (S::Netbooting | S::Installing, "install_failed") => To(S::Failed, CLEAR),
@@ -1120,7 +1507,7 @@ mod tests {
             seen.sort_unstable();
             assert_eq!(
                 seen,
-                (0..17).collect::<Vec<_>>(),
+                (0..19).collect::<Vec<_>>(),
                 "one event of each variant"
             );
             for event in &events {
@@ -1168,8 +1555,8 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cells, 9 * 17);
-        assert_eq!(allowed, 37, "allowed cells");
+        assert_eq!(cells, 9 * 19);
+        assert_eq!(allowed, 41, "allowed cells");
     }
 
     /// Apply an event that must change the node; return the new record and effects.
@@ -1214,7 +1601,8 @@ mod tests {
                 Effect::SetNetboot {
                     generation: 1,
                     attempt: 0,
-                    delay: Duration::ZERO
+                    delay: Duration::ZERO,
+                    method: NetbootMethod::Standard,
                 }
             ]
         );
@@ -1232,7 +1620,8 @@ mod tests {
             vec![Effect::PowerCycle {
                 generation: 1,
                 attempt: 0,
-                delay: Duration::ZERO
+                delay: Duration::ZERO,
+                method: NetbootMethod::Standard,
             }]
         );
         let (n, fx) = step(
@@ -1294,6 +1683,8 @@ mod tests {
                 token: None,
                 failure: None,
                 first_boot_reported: true,
+                netboot: Netboot::start(NetbootMethod::Standard),
+                plan: Vec::new(),
             }
         );
     }
@@ -1595,6 +1986,7 @@ mod tests {
             generation: 4,
             attempt: 1,
             delay: SECS(10),
+            method: NetbootMethod::OffOn,
         };
         assert!(cycle.is_current(&n));
         assert!(!cycle.is_current(&Node {
@@ -1644,6 +2036,392 @@ mod tests {
         assert!(!format!("{:?}", node_in(S::Installing)).contains("tok-4"));
     }
 
+    /// Reinstall, netboot set, power cycled: the node waits in `netbooting` with the
+    /// observe window armed. Returns the node and the effects of the power cycle.
+    fn cycled(n: &Node, p: &Policy) -> (Node, Vec<Effect>) {
+        let (g, a) = (n.generation, n.attempt);
+        let (n, fx) = step(
+            n,
+            Event::NetbootSet {
+                generation: g,
+                attempt: a,
+            },
+            p,
+        );
+        let Effect::PowerCycle { method, .. } = fx[0] else {
+            panic!("{fx:?}");
+        };
+        assert_eq!(method, n.netboot.method, "the cycle uses the plan's method");
+        step(
+            &n,
+            Event::PowerCycled {
+                generation: g,
+                attempt: a,
+            },
+            p,
+        )
+    }
+
+    fn not_observed(n: &Node) -> Event {
+        Event::NetbootNotObserved {
+            generation: n.generation,
+            attempt: n.attempt,
+            method: n.netboot.method,
+        }
+    }
+
+    fn reinstall(n: &Node, p: &Policy) -> (Node, Vec<Effect>) {
+        step(
+            n,
+            Event::ReinstallRequested {
+                image: None,
+                token: token("tok-9"),
+            },
+            p,
+        )
+    }
+
+    #[test]
+    fn observe_window_is_armed_after_the_power_cycle_and_replaced_by_the_netboot() {
+        let p = observing();
+        let (n, fx) = reinstall(&fresh_available(), &p);
+        assert!(matches!(
+            fx[1],
+            Effect::SetNetboot {
+                method: NetbootMethod::Standard,
+                ..
+            }
+        ));
+        let (n, fx) = cycled(&n, &p);
+        assert_eq!(n.state, S::Netbooting);
+        assert_eq!(
+            fx,
+            vec![Effect::ArmObserveWindow {
+                generation: 1,
+                attempt: 0,
+                method: NetbootMethod::Standard,
+                after: SECS(60),
+            }]
+        );
+        assert!(fx[0].is_current(&n));
+        // DHCP from a boot MAC: the window gives way to the rest of the deadline, and
+        // the method is recorded for the BMC model.
+        let (seen, fx) = step(
+            &n,
+            Event::NetbootObserved {
+                generation: 1,
+                after_reset: false,
+            },
+            &p,
+        );
+        assert_eq!(seen.state, S::Netbooting);
+        assert!(seen.netboot.observed);
+        assert_eq!(
+            fx,
+            vec![
+                Effect::ArmDeadline {
+                    state: S::Netbooting,
+                    generation: 1,
+                    attempt: 0,
+                    after: SECS(900),
+                },
+                Effect::RecordNetbootMethod {
+                    generation: 1,
+                    method: NetbootMethod::Standard,
+                },
+            ]
+        );
+        // A second DHCP packet (iPXE's own) changes nothing.
+        assert_eq!(
+            transition(
+                &seen,
+                &Event::NetbootObserved {
+                    generation: 1,
+                    after_reset: false,
+                },
+                &p
+            ),
+            Ok(Outcome::Ignored(Ignored::Repeated))
+        );
+        // A window that fires after the netboot was seen is stale.
+        assert_eq!(
+            transition(&seen, &not_observed(&n), &p),
+            Ok(Outcome::Ignored(Ignored::StaleDeadline))
+        );
+        // A deadline shorter than the window is the tighter watch: plain deadline.
+        let mut short = p.clone();
+        short.deadlines[S::Netbooting.index()] = Some(SECS(30));
+        let (_, fx) = cycled(&reinstall(&fresh_available(), &short).0, &short);
+        assert!(matches!(fx[..], [Effect::ArmDeadline { after, .. }] if after == SECS(30)));
+    }
+
+    #[test]
+    fn netboot_not_observed_falls_back_through_every_method_then_fails() {
+        let p = observing();
+        let (mut n, _) = reinstall(&fresh_available(), &p);
+        let mut used = vec![];
+        for (i, want) in NetbootMethod::ALL.into_iter().enumerate() {
+            assert_eq!(n.netboot.method, want);
+            assert_eq!(n.attempt, u32::try_from(i).unwrap());
+            used.push(want);
+            assert_eq!(n.netboot.tried, used);
+            let (w, _) = cycled(&n, &p);
+            let out = transition(&w, &not_observed(&w), &p).unwrap();
+            let Outcome::Changed(t) = out else {
+                panic!("{out:?}")
+            };
+            n = t.node;
+            if i + 1 < NetbootMethod::ALL.len() {
+                // The next method, as a new attempt from `reclaiming` (no backoff).
+                assert_eq!(n.state, S::Reclaiming);
+                let next = NetbootMethod::ALL[i + 1];
+                assert_eq!(
+                    t.effects[1],
+                    Effect::SetNetboot {
+                        generation: 1,
+                        attempt: n.attempt,
+                        delay: Duration::ZERO,
+                        method: next,
+                    }
+                );
+                assert!(t.effects.iter().all(|e| e.is_current(&n)));
+            }
+        }
+        assert_eq!(n.state, S::Failed);
+        let f = n.failure.expect("failure");
+        assert_eq!(f.step, Step::Stage(S::Netbooting));
+        assert!(
+            f.reason.starts_with("netboot_not_observed:")
+                && f.reason.contains("within 60s")
+                && f.reason.contains("tried: standard, uefi_override, off_on"),
+            "{}",
+            f.reason
+        );
+        assert_eq!(n.token, None);
+    }
+
+    #[test]
+    fn the_method_that_worked_for_the_model_is_tried_first() {
+        assert_eq!(
+            NetbootMethod::plan(&[NetbootMethod::OffOn]),
+            vec![
+                NetbootMethod::OffOn,
+                NetbootMethod::Standard,
+                NetbootMethod::UefiOverride
+            ]
+        );
+        assert_eq!(NetbootMethod::plan(&[]), NetbootMethod::ALL.to_vec());
+        let p = observing();
+        let mut n0 = fresh_available();
+        n0.plan = NetbootMethod::plan(&[NetbootMethod::OffOn, NetbootMethod::OffOn]);
+        let (n, fx) = reinstall(&n0, &p);
+        assert!(matches!(
+            fx[1],
+            Effect::SetNetboot {
+                method: NetbootMethod::OffOn,
+                ..
+            }
+        ));
+        // Its fallback is the rest of the default order.
+        let (w, _) = cycled(&n, &p);
+        let (n, _) = step(&w, not_observed(&w), &p);
+        assert_eq!(n.netboot.method, NetbootMethod::Standard);
+        assert_eq!(
+            n.netboot.tried,
+            vec![NetbootMethod::OffOn, NetbootMethod::Standard]
+        );
+        // A BMC step that fails is retried with the same method.
+        let (n, fx) = step(
+            &n,
+            Event::BmcStepFailed {
+                step: BmcStep::SetNetboot,
+                generation: n.generation,
+                attempt: n.attempt,
+                reason: "timeout".into(),
+            },
+            &p,
+        );
+        assert!(matches!(
+            fx[1],
+            Effect::SetNetboot {
+                method: NetbootMethod::Standard,
+                ..
+            }
+        ));
+        // A new generation starts the plan over.
+        let mut done = n.clone();
+        done.state = S::Failed;
+        let (n, _) = reinstall(&done, &p);
+        assert_eq!(n.netboot, Netboot::start(NetbootMethod::OffOn));
+        // Names round-trip for the store.
+        for m in NetbootMethod::ALL {
+            assert_eq!(NetbootMethod::parse(m.as_str()), Some(m));
+        }
+        assert_eq!(NetbootMethod::parse("bogus"), None);
+    }
+
+    #[test]
+    fn netboot_not_observed_for_another_attempt_is_stale() {
+        let p = observing();
+        let (n, _) = cycled(&reinstall(&fresh_available(), &p).0, &p);
+        for ev in [
+            Event::NetbootNotObserved {
+                generation: n.generation,
+                attempt: n.attempt + 1,
+                method: n.netboot.method,
+            },
+            Event::NetbootNotObserved {
+                generation: n.generation - 1,
+                attempt: n.attempt,
+                method: n.netboot.method,
+            },
+        ] {
+            assert_eq!(
+                transition(&n, &ev, &p),
+                Ok(Outcome::Ignored(Ignored::StaleDeadline))
+            );
+        }
+        // DHCP of an older generation is refused like any stale callback.
+        assert!(matches!(
+            transition(
+                &n,
+                &Event::NetbootObserved {
+                    generation: 0,
+                    after_reset: false,
+                },
+                &p
+            ),
+            Err(TransitionError::StaleGeneration { .. })
+        ));
+    }
+
+    #[test]
+    fn a_second_installer_fetch_in_one_attempt_is_a_boot_loop() {
+        let p = observing();
+        let (n, _) = cycled(&reinstall(&fresh_available(), &p).0, &p);
+        let (n, _) = step(
+            &n,
+            Event::NetbootObserved {
+                generation: 1,
+                after_reset: false,
+            },
+            &p,
+        );
+        let (n, _) = step(&n, Event::InstallerServed { generation: 1 }, &p);
+        assert_eq!(n.state, S::Installing);
+        let (n, fx) = step(&n, Event::InstallerServed { generation: 1 }, &p);
+        assert_eq!(n.state, S::Failed);
+        assert_eq!(fx, vec![Effect::ClearDeadline]);
+        let f = n.failure.expect("failure");
+        assert_eq!(f.step, Step::Stage(S::Installing));
+        assert!(
+            f.reason.starts_with("boot_loop:") && f.reason.contains("generation 1"),
+            "{}",
+            f.reason
+        );
+        // A retry after a deadline serves the installer again legitimately: it passes
+        // through `reclaiming` and `netbooting` first.
+        let mut i = node_in(S::Installing);
+        i.attempt = 0;
+        let (r, _) = step(
+            &i,
+            Event::DeadlineExpired {
+                state: S::Installing,
+                generation: 4,
+                attempt: 0,
+            },
+            &p,
+        );
+        let (w, _) = cycled(&r, &p);
+        let (w, _) = step(&w, Event::InstallerServed { generation: 4 }, &p);
+        assert_eq!(w.state, S::Installing);
+    }
+
+    #[test]
+    fn a_netboot_seen_before_the_reset_is_reported_done_counts() {
+        let p = observing();
+        let (n, _) = reinstall(&fresh_available(), &p);
+        let (n, _) = step(
+            &n,
+            Event::NetbootSet {
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        // Before the reset was sent: the machine's previous boot, not ours.
+        let early = Event::NetbootObserved {
+            generation: 1,
+            after_reset: false,
+        };
+        assert_eq!(
+            transition(&n, &early, &p),
+            Ok(Outcome::Ignored(Ignored::NotAwaited))
+        );
+        // After it was sent, while the BMC still reports the reset: it counts.
+        let (n, fx) = step(
+            &n,
+            Event::NetbootObserved {
+                generation: 1,
+                after_reset: true,
+            },
+            &p,
+        );
+        assert_eq!((n.state, n.netboot.observed), (S::Reclaiming, true));
+        assert_eq!(
+            fx,
+            vec![Effect::RecordNetbootMethod {
+                generation: 1,
+                method: NetbootMethod::Standard
+            }]
+        );
+        // The reset's answer then arms the deadline, not the observe window.
+        let (n, fx) = step(
+            &n,
+            Event::PowerCycled {
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        assert_eq!(n.state, S::Netbooting);
+        assert!(matches!(fx[..], [Effect::ArmDeadline { after, .. }] if after == SECS(900)));
+        // A retry forgets it: the next reset must be seen anew.
+        let (r, _) = step(
+            &n,
+            Event::DeadlineExpired {
+                state: S::Netbooting,
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        assert!(!r.netboot.observed);
+    }
+
+    #[test]
+    fn a_fallback_does_not_use_up_the_retries() {
+        let p = Policy {
+            max_attempts: 1,
+            ..observing()
+        };
+        let (n, _) = cycled(&reinstall(&fresh_available(), &p).0, &p);
+        let (n, _) = step(&n, not_observed(&n), &p);
+        assert_eq!((n.state, n.attempt), (S::Reclaiming, 1));
+        let fail = |n: &Node| Event::BmcStepFailed {
+            step: BmcStep::PowerCycle,
+            generation: n.generation,
+            attempt: n.attempt,
+            reason: "power stayed Off".into(),
+        };
+        // One retry left after the fallback...
+        let (n, _) = step(&n, fail(&n), &p);
+        assert_eq!((n.state, n.attempt), (S::Reclaiming, 2));
+        // ...and then none.
+        let (n, _) = step(&n, fail(&n), &p);
+        assert_eq!(n.state, S::Failed);
+    }
+
     #[test]
     fn policy_from_config_ignores_resting_states() {
         let mut deadlines = std::collections::BTreeMap::new();
@@ -1653,7 +2431,10 @@ mod tests {
             deadlines,
             max_attempts: 2,
             backoff: SECS(3),
+            netboot_observe: SECS(90),
+            leftovers_interval: SECS(60),
         });
+        assert_eq!(p.observe_window, Some(SECS(90)));
         assert_eq!(p.deadline(S::Installing), Some(SECS(60)));
         assert_eq!(p.deadline(S::Reclaiming), None);
         assert_eq!(p.deadline(S::Available), None);

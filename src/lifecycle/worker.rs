@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::apply::{self, Applied, ApplyError, Hooks};
-use super::transition::{BmcStep, Effect, Event, Policy, State};
+use super::transition::{BmcStep, Effect, Event, NetbootMethod, Outcome, Policy, State};
 use crate::bmc::{self, Bmc, BmcEndpoint, BmcError, NextBoot, Secret, TlsPolicy};
 use crate::metrics::CounterFamily;
 use crate::store::Store;
@@ -115,6 +115,7 @@ struct BmcJob {
     step: BmcStep,
     generation: i64,
     attempt: u32,
+    method: NetbootMethod,
 }
 
 /// Finds the BMC of a node. The daemon uses [`StoreBmcs`]; tests pass a recording double.
@@ -196,6 +197,13 @@ pub struct Lifecycle {
     changes: tokio::sync::broadcast::Sender<NodeChange>,
     /// Failed BMC steps by driver, step and kind (`/metrics`).
     pub bmc_failures: CounterFamily<3>,
+    /// Observe windows that passed without a DHCP from a boot MAC, by the method that
+    /// was in use (`/metrics`).
+    pub netboot_not_observed: CounterFamily<1>,
+    /// Netboots observed, by the method that made the machine netboot (`/metrics`).
+    pub netboot_observed: CounterFamily<1>,
+    /// Nodes stopped in a boot loop (`/metrics`).
+    pub boot_loops: crate::metrics::Counter,
 }
 
 /// A committed change, published to the status page's live stream.
@@ -236,6 +244,17 @@ impl Lifecycle {
                 "Failed BMC steps (every attempt) by driver, step and error kind",
                 ["driver", "step", "kind"],
             ),
+            netboot_not_observed: CounterFamily::new(
+                "pxed_netboot_not_observed_total",
+                "Power actions not followed by a DHCP packet from a boot MAC within the observe window, by netboot method",
+                ["method"],
+            ),
+            netboot_observed: CounterFamily::new(
+                "pxed_netboot_observed_total",
+                "Netboots observed after a power action, by the netboot method that did it",
+                ["method"],
+            ),
+            boot_loops: Default::default(),
         })
     }
 
@@ -259,8 +278,20 @@ impl Lifecycle {
     ) -> Result<Applied, ApplyError> {
         let (applied, effects) =
             apply::apply(&self.store, &self.policy(), id, event, actor, hooks).await?;
-        if matches!(applied.outcome, super::transition::Outcome::Changed(_)) {
+        if let Outcome::Changed(t) = &applied.outcome {
             self.notify(id, event.name(), applied.node.state);
+            match event {
+                Event::NetbootNotObserved { method, .. } => {
+                    self.netboot_not_observed.inc([method.as_str()]);
+                }
+                Event::NetbootObserved { .. } => {
+                    self.netboot_observed.inc([t.node.netboot.method.as_str()]);
+                }
+                Event::InstallerServed { .. } if t.node.state == State::Failed => {
+                    self.boot_loops.inc();
+                }
+                _ => {}
+            }
         }
         if !effects.is_empty() {
             tracing::debug!(node = id, event = event.name(), to = %applied.node.state, ?effects, "applied");
@@ -322,40 +353,62 @@ impl Lifecycle {
                 attempt,
                 after,
             } => {
+                let ev = Event::DeadlineExpired {
+                    state,
+                    generation,
+                    attempt,
+                };
+                self.arm_timer(id, after.saturating_sub(elapsed), ev);
+            }
+            Effect::ArmObserveWindow {
+                generation,
+                attempt,
+                method,
+                after,
+            } => {
+                let ev = Event::NetbootNotObserved {
+                    generation,
+                    attempt,
+                    method,
+                };
+                self.arm_timer(id, after.saturating_sub(elapsed), ev);
+            }
+            Effect::RecordNetbootMethod { generation, method } => {
                 let me = self.clone();
-                let wait = after.saturating_sub(elapsed);
-                let h = self.tasks.spawn(async move {
-                    tokio::select! {
-                        // CANCEL-SAFETY: a deadline not fired at shutdown is re-armed from the store on start.
-                        _ = me.cancel.cancelled() => {}
-                        // CANCEL-SAFETY: sleeping holds no state.
-                        _ = tokio::time::sleep(wait) => {
-                            me.deadlines.lock().expect("lock").remove(&id);
-                            let ev = Event::DeadlineExpired { state, generation, attempt };
-                            tracing::info!(node = id, %state, generation, attempt, "deadline expired");
-                            me.apply_logged(id, ev, "deadline").await;
-                        }
-                    }
+                self.tasks.spawn(async move {
+                    me.record_method(id, generation, method).await;
                 });
-                if let Some(old) = self
-                    .deadlines
-                    .lock()
-                    .expect("lock")
-                    .insert(id, h.abort_handle())
-                {
-                    old.abort();
-                }
             }
             Effect::SetNetboot {
                 generation,
                 attempt,
                 delay,
-            } => self.spawn_bmc(id, BmcStep::SetNetboot, generation, attempt, delay),
+                method,
+            } => self.spawn_bmc(
+                id,
+                BmcJob {
+                    step: BmcStep::SetNetboot,
+                    generation,
+                    attempt,
+                    method,
+                },
+                delay,
+            ),
             Effect::PowerCycle {
                 generation,
                 attempt,
                 delay,
-            } => self.spawn_bmc(id, BmcStep::PowerCycle, generation, attempt, delay),
+                method,
+            } => self.spawn_bmc(
+                id,
+                BmcJob {
+                    step: BmcStep::PowerCycle,
+                    generation,
+                    attempt,
+                    method,
+                },
+                delay,
+            ),
             Effect::ClearBootOverride { generation } => {
                 let me = self.clone();
                 self.tasks.spawn(async move {
@@ -370,19 +423,62 @@ impl Lifecycle {
         }
     }
 
-    fn spawn_bmc(
-        self: &Arc<Self>,
-        id: i64,
-        step: BmcStep,
-        generation: i64,
-        attempt: u32,
-        delay: Duration,
-    ) {
-        let job = BmcJob {
-            step,
-            generation,
-            attempt,
+    /// Replaces node `id`'s timer (deadline or observe window): after `wait`, apply `ev`.
+    fn arm_timer(self: &Arc<Self>, id: i64, wait: Duration, ev: Event) {
+        let me = self.clone();
+        let h = self.tasks.spawn(async move {
+            tokio::select! {
+                // CANCEL-SAFETY: a timer not fired at shutdown is re-armed from the store on start.
+                _ = me.cancel.cancelled() => {}
+                // CANCEL-SAFETY: sleeping holds no state.
+                _ = tokio::time::sleep(wait) => {
+                    me.deadlines.lock().expect("lock").remove(&id);
+                    tracing::info!(node = id, event = ev.name(), detail = ?ev.detail(), "timer fired");
+                    me.apply_logged(id, ev, "deadline").await;
+                }
+            }
+        });
+        if let Some(old) = self
+            .deadlines
+            .lock()
+            .expect("lock")
+            .insert(id, h.abort_handle())
+        {
+            old.abort();
+        }
+    }
+
+    /// The node netbooted with `method`: remember it for its BMC's model, and say so in
+    /// its audit log.
+    async fn record_method(&self, id: i64, generation: i64, method: NetbootMethod) {
+        let detail = match self.store.record_netboot_method(id, method).await {
+            Ok(Some(model)) => format!("{method} made it netboot; preferred next time for {model}"),
+            Ok(None) => format!("{method} made it netboot (BMC model unknown: not remembered)"),
+            Err(e) => {
+                tracing::warn!(node = id, %method, error = %e, "recording the netboot method");
+                return;
+            }
         };
+        tracing::info!(node = id, %method, %detail, "netboot observed");
+        if let Ok(Some(n)) = self.store.node(id).await
+            && n.generation == generation
+            && let Err(e) = self
+                .store
+                .note(
+                    id,
+                    generation,
+                    n.state,
+                    "netboot_method_recorded",
+                    "dhcp",
+                    &detail,
+                )
+                .await
+        {
+            tracing::warn!(node = id, error = %e, "recording the netboot method in the audit log");
+        }
+    }
+
+    fn spawn_bmc(self: &Arc<Self>, id: i64, job: BmcJob, delay: Duration) {
         let me = self.clone();
         self.tasks.spawn(async move {
             tokio::select! {
@@ -399,6 +495,7 @@ impl Lifecycle {
             step,
             generation,
             attempt,
+            method,
         } = job;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
@@ -418,7 +515,7 @@ impl Lifecycle {
             }
         };
         let sent = match claim {
-            Claim::Send => self.bmc_call(id, step).await,
+            Claim::Send => self.bmc_call(id, step, method).await,
             Claim::AlreadySent { at } => self.confirm_cycle(id, &at).await,
             Claim::NotCurrent => {
                 tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
@@ -454,17 +551,46 @@ impl Lifecycle {
         self.apply_logged(id, event, "bmc").await;
     }
 
-    /// Runs one BMC step; returns the driver that did it.
-    async fn bmc_call(&self, id: i64, step: BmcStep) -> Result<bmc::Driver, BmcCallError> {
+    /// Runs one BMC step the way `method` says; returns the driver that did it.
+    async fn bmc_call(
+        &self,
+        id: i64,
+        step: BmcStep,
+        method: NetbootMethod,
+    ) -> Result<bmc::Driver, BmcCallError> {
         let b = self
             .bmcs
             .connect(&self.store, id)
             .await
             .map_err(|e| BmcCallError::new(step, e))?;
-        let r = match step {
-            BmcStep::SetNetboot => b.set_next_boot(NextBoot::pxe_once()).await.map(|_| ()),
-            BmcStep::PowerCycle => b.power_cycle().await,
+        let r = match (step, method) {
+            (BmcStep::SetNetboot, NetbootMethod::Standard) => {
+                b.set_next_boot(NextBoot::pxe_once()).await.map(|_| ())
+            }
+            (BmcStep::SetNetboot, NetbootMethod::UefiOverride | NetbootMethod::OffOn) => b
+                .set_next_boot_with_mode(NextBoot::pxe_once())
+                .await
+                .map(|_| ()),
+            (BmcStep::PowerCycle, NetbootMethod::Standard | NetbootMethod::UefiOverride) => {
+                b.power_cycle().await
+            }
+            (BmcStep::PowerCycle, NetbootMethod::OffOn) => match b.power_off().await {
+                Ok(()) => b.power_on().await,
+                Err(e) => Err(e),
+            },
         };
+        // The model keys the method that works: learn it once the BMC answers.
+        if step == BmcStep::SetNetboot && r.is_ok() {
+            match b.model().await {
+                Ok(Some(model)) => {
+                    if let Err(e) = self.store.set_bmc_model(id, &model).await {
+                        tracing::warn!(node = id, error = %e, "recording the BMC model");
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(node = id, error = %e, "reading the BMC model"),
+            }
+        }
         if let Some(fp) = b.tls_fingerprint()
             && let Ok(Some(row)) = self.store.bmc(id).await
             && row.tls_pin.is_none()
@@ -576,6 +702,26 @@ impl Lifecycle {
         }
     }
 
+    /// Node `id`'s power state as its BMC reports it (`None`: the node has no BMC).
+    pub async fn power_state(&self, id: i64) -> Result<Option<bmc::PowerState>, ConnectError> {
+        let b = match self.bmcs.connect(&self.store, id).await {
+            Ok(b) => b,
+            Err(ConnectError::NoBmc) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let r = b.power_state().await;
+        b.close().await;
+        Ok(Some(r?))
+    }
+
+    /// Powers node `id` on through its BMC (a leftover's resolution).
+    pub async fn power_on(&self, id: i64) -> Result<(), ConnectError> {
+        let b = self.bmcs.connect(&self.store, id).await?;
+        let r = b.power_on().await;
+        b.close().await;
+        Ok(r?)
+    }
+
     /// `pxed bmc check`: connects to node `id`'s BMC as the worker would (same
     /// connector, same call policy) and reports what it offers. Nothing is pinned or
     /// stored: this only looks.
@@ -641,17 +787,11 @@ impl Lifecycle {
             let elapsed = parse_time(&row.state_since)
                 .and_then(|t| (now - t).to_std().ok())
                 .unwrap_or_default();
-            if let Some(after) = self.policy().deadline(state) {
-                self.run_effect(
-                    row.id,
-                    Effect::ArmDeadline {
-                        state,
-                        generation: row.generation,
-                        attempt,
-                        after,
-                    },
-                    elapsed,
-                );
+            let mut node = super::apply::to_node(&row, false);
+            node.netboot = self.store.netboot(row.id, row.generation).await?;
+            let method = node.netboot.method;
+            if let Some(timer) = self.policy().timer_for(&node) {
+                self.run_effect(row.id, timer, elapsed);
             }
             if state == State::Reclaiming {
                 // A power cycle recorded as sent for this very attempt is checked, not
@@ -668,12 +808,14 @@ impl Lifecycle {
                         generation,
                         attempt,
                         delay,
+                        method,
                     }
                 } else {
                     Effect::SetNetboot {
                         generation,
                         attempt,
                         delay,
+                        method,
                     }
                 };
                 self.run_effect(row.id, step, Duration::ZERO);

@@ -73,6 +73,32 @@ impl Store {
         .await?)
     }
 
+    /// Bound leases at `now` (Unix seconds) whose MAC is no node's (a leftover of a
+    /// deleted node): (address, MAC).
+    pub async fn stale_leases(&self, now: i64) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT ip, mac FROM leases
+               WHERE state = 'bound' AND expires_at > ?
+                 AND mac NOT IN (SELECT mac FROM interfaces) ORDER BY ip"#,
+            now
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.ip, r.mac)).collect())
+    }
+
+    /// Releases the lease of `ip` if its MAC is no node's; false when there is no such
+    /// lease.
+    pub async fn release_stale_lease(&self, ip: &str) -> Result<bool, StoreError> {
+        let r = sqlx::query!(
+            "DELETE FROM leases WHERE ip = ? AND mac NOT IN (SELECT mac FROM interfaces)",
+            ip
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
     /// Writes a batch atomically: durable when this returns `Ok`.
     ///
     /// Writes apply in order; only the last one per address matters, so the batch is

@@ -6,6 +6,7 @@ pub mod images;
 pub mod install_log;
 pub mod intents;
 pub mod leases;
+pub mod netboot;
 pub mod nodes;
 pub mod secrets;
 pub mod webhooks;

@@ -37,6 +37,17 @@ pub struct NodeRow {
 /// One row of the append-only audit log: the API's view of it, field for field.
 pub type EventRow = crate::wire::EventView;
 
+/// A node found by its boot MAC (see [`Store::nodes_by_boot_macs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootMacNode {
+    pub mac: Mac,
+    pub id: i64,
+    pub state: State,
+    pub generation: i64,
+    /// The power cycle of the current reclaim attempt was recorded as sent.
+    pub cycle_sent: bool,
+}
+
 /// A network interface of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct InterfaceRow {
@@ -763,6 +774,35 @@ impl Store {
             .iter()
             .copied()
             .filter(|m| !known.contains(m))
+            .collect())
+    }
+
+    /// The nodes whose boot MAC is one of `macs`, and whether the power cycle of their
+    /// current reclaim attempt was sent already (`bmc_intents`).
+    pub async fn nodes_by_boot_macs(&self, macs: &[Mac]) -> Result<Vec<BootMacNode>, StoreError> {
+        let list = serde_json::json!(macs).to_string();
+        let cycle = crate::model::BmcStep::PowerCycle;
+        let rows = sqlx::query!(
+            r#"SELECT i.mac AS "mac: Mac", n.id, n.state AS "state: State", n.generation,
+                      EXISTS (SELECT 1 FROM bmc_intents b WHERE b.node_id = n.id
+                              AND b.generation = n.generation AND b.attempt = n.attempt
+                              AND b.step = ?) AS "cycle_sent!: bool"
+               FROM interfaces i JOIN nodes n ON n.id = i.node_id
+               WHERE i.is_boot = 1 AND i.mac IN (SELECT value FROM json_each(?))"#,
+            cycle,
+            list
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| BootMacNode {
+                mac: r.mac,
+                id: r.id,
+                state: r.state,
+                generation: r.generation,
+                cycle_sent: r.cycle_sent,
+            })
             .collect())
     }
 

@@ -87,6 +87,16 @@ impl Sushy {
     }
 
     fn start_with(tls: bool) -> Sushy {
+        Self::start_full(tls, None)
+    }
+
+    /// sushy-emulator inside network namespace `ns` (its loopback), for tests whose
+    /// pxed runs there too.
+    pub(crate) fn start_in(ns: &crate::netns::Netns) -> Sushy {
+        Self::start_full(false, Some(ns))
+    }
+
+    fn start_full(tls: bool, ns: Option<&crate::netns::Netns>) -> Sushy {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let py = venv_bin("python3");
@@ -153,7 +163,11 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
         }
         std::fs::write(d.join("sushy.conf"), conf).unwrap();
         let log = d.join("sushy.log");
-        let child = Command::new(venv_bin("sushy-emulator"))
+        let mut cmd = match ns {
+            Some(ns) => ns.std_command(venv_bin("sushy-emulator").to_str().unwrap()),
+            None => Command::new(venv_bin("sushy-emulator")),
+        };
+        let child = cmd
             .arg("--config")
             .arg(d.join("sushy.conf"))
             .arg("--fake")
@@ -162,7 +176,13 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
             .spawn()
             .expect("sushy-emulator");
         let proc = Proc(child);
-        wait_tcp(port, "sushy-emulator", &d.join("sushy.err"));
+        match ns {
+            Some(ns) => {
+                let err = d.join("sushy.err");
+                ns.enter(move || wait_tcp(port, "sushy-emulator", &err));
+            }
+            None => wait_tcp(port, "sushy-emulator", &d.join("sushy.err")),
+        }
         Sushy {
             _proc: proc,
             port,
@@ -194,11 +214,40 @@ pub(crate) struct FaultProxy {
 
 impl FaultProxy {
     pub(crate) fn start(upstream: &str, faults: &str) -> FaultProxy {
-        let mut child = Command::new(venv_bin("python3"))
+        Self::start_full(upstream, faults, None, "")
+    }
+
+    /// The proxy inside network namespace `ns`; `on_netboot` is its `--on-netboot`.
+    pub(crate) fn start_in(
+        ns: &crate::netns::Netns,
+        upstream: &str,
+        faults: &str,
+        on_netboot: &str,
+    ) -> FaultProxy {
+        Self::start_full(upstream, faults, Some(ns), on_netboot)
+    }
+
+    fn start_full(
+        upstream: &str,
+        faults: &str,
+        ns: Option<&crate::netns::Netns>,
+        on_netboot: &str,
+    ) -> FaultProxy {
+        let mut cmd = match ns {
+            Some(ns) => ns.std_command(venv_bin("python3").to_str().unwrap()),
+            None => Command::new(venv_bin("python3")),
+        };
+        let mut child = cmd
             .arg(repo_file("tests/peers/bmc_fault_proxy.py"))
             .args(["--upstream", upstream, "--faults", faults])
+            .args(["--on-netboot", on_netboot])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // The namespace tests' lying BMC says what it booted (the test's output).
+            .stderr(if ns.is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .spawn()
             .expect("fault proxy");
         let mut line = String::new();

@@ -11,6 +11,7 @@ mod image_check;
 mod install;
 mod inventory;
 mod lifecycle;
+mod netboot;
 mod netns;
 mod qemu;
 mod slurm;

@@ -14,12 +14,25 @@ Faults (comma-separated):
   sessions              add a SessionService: POST .../Sessions -> X-Auth-Token; requests with
                         the token are forwarded with the user's basic auth
   etag                  GET of a system carries an ETag; PATCH needs a matching If-Match (else 412)
-GET /_proxy/stats returns counters as JSON (patches, if_match, resets, logins, logouts).
+  lie-unless-mode       a lying BMC: GET hides BootSourceOverrideMode; a PATCH of a Pxe override
+                        without BootSourceOverrideMode is read back as asked, but the BMC behind
+                        is told Hdd (the machine boots its disk); one that spells out the mode is
+                        forwarded as is (firmware that picks legacy unless told UEFI)
+  lie-unless-offon      a lying BMC: the override is taken, but only a cold boot (On after
+                        ForceOff) honours it; a restart-type reset (ForceRestart, PowerCycle,
+                        GracefulRestart) boots the disk
+
+With a lie-* fault, --on-netboot CMD is run (by the shell, in the background) each time the
+"machine" really netboots: a reset that powers it on while the override boots Pxe and the lie
+does not apply. The tests make CMD send DHCP from the node's MAC (udhcpc in a namespace).
+GET /_proxy/stats returns counters as JSON (patches, if_match, resets, logins, logouts,
+netboots, disk_boots).
 """
 import argparse
 import base64
 import json
 import secrets
+import subprocess
 import sys
 import threading
 import time
@@ -28,7 +41,10 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
-STATS = {"patches": 0, "if_match": [], "resets": [], "logins": 0, "logouts": 0}
+STATS = {"patches": 0, "if_match": [], "resets": [], "logins": 0, "logouts": 0,
+         "netboots": 0, "disk_boots": 0}
+# What the lying BMC remembers per system path: the last boot PATCH, whether it was off.
+BOOT = {}
 TOKENS = {}  # token -> (basic header, session path)
 ETAG = {"n": 1}
 
@@ -126,12 +142,26 @@ class Proxy(BaseHTTPRequestHandler):
             if "ignore-patch" in f:
                 return self.reply(204)
             ETAG["n"] += 1
+            boot = json.loads(body or b"{}").get("Boot", {})
+            if boot:
+                with LOCK:
+                    st = BOOT.setdefault(path.rstrip("/"), {})
+                    st["patch"] = boot
+                    st.pop("claimed", None)
+                if ("lie-unless-mode" in f and boot.get("BootSourceOverrideTarget") == "Pxe"
+                        and "BootSourceOverrideMode" not in boot):
+                    # Taken and read back as asked, but the machine is told the disk.
+                    with LOCK:
+                        st["claimed"] = dict(boot)
+                    body = json.dumps({"Boot": dict(boot, BootSourceOverrideTarget="Hdd")}).encode()
         if method == "POST" and path.endswith("/Actions/ComputerSystem.Reset"):
             kind = json.loads(body or b"{}").get("ResetType")
             with LOCK:
                 STATS["resets"].append(kind)
             if "reset-noop" in f:
                 return self.reply(204)
+            if "lie-unless-mode" in f or "lie-unless-offon" in f:
+                self.boot_after_reset(path.rsplit("/Actions/", 1)[0].rstrip("/"), kind, auth)
         st, data, headers = self.upstream(method, path, body, auth)
         if "slow-reset" in f and method == "POST" and path.endswith("/Actions/ComputerSystem.Reset"):
             time.sleep(5)
@@ -148,8 +178,42 @@ class Proxy(BaseHTTPRequestHandler):
                         "ResetType@Redfish.AllowableValues", [])
                 if "etag" in f:
                     out["ETag"] = f'W/"{ETAG["n"]}"'
+                if "lie-unless-mode" in f and isinstance(doc.get("Boot"), dict):
+                    doc["Boot"].pop("BootSourceOverrideMode", None)
+                    doc["Boot"].pop("BootSourceOverrideMode@Redfish.AllowableValues", None)
+                    with LOCK:
+                        claimed = BOOT.get(path.rstrip("/"), {}).get("claimed")
+                    if claimed:
+                        doc["Boot"].update(claimed)
             data = json.dumps(doc).encode()
         self.reply(st, data, out)
+
+    def boot_after_reset(self, system, kind, auth):
+        """Decides what the lying machine boots after reset `kind`; runs the hook on a netboot."""
+        f = self.server.faults
+        with LOCK:
+            st = BOOT.setdefault(system, {})
+            was_off = st.get("off", False)
+            if kind in ("ForceOff", "GracefulShutdown", "PushPowerButton"):
+                st["off"] = True
+                return
+            st["off"] = False
+            patch = st.get("patch", {})
+        powers_on = kind in ("On", "ForceOn", "ForceRestart", "PowerCycle", "GracefulRestart")
+        if not powers_on:
+            return
+        netboot = patch.get("BootSourceOverrideTarget") == "Pxe" and patch.get(
+            "BootSourceOverrideEnabled") in ("Once", "Continuous")
+        if "lie-unless-mode" in f and "BootSourceOverrideMode" not in patch:
+            netboot = False
+        if "lie-unless-offon" in f and not (kind in ("On", "ForceOn") and was_off):
+            netboot = False
+        with LOCK:
+            STATS["netboots" if netboot else "disk_boots"] += 1
+        sys.stderr.write(f"proxy: reset {kind} of {system}: boots {'the network' if netboot else 'its disk'}\n")
+        if netboot and self.server.on_netboot:
+            subprocess.Popen(self.server.on_netboot, shell=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def do_GET(self):
         self.handle_any("GET")
@@ -168,11 +232,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--upstream", required=True)
     ap.add_argument("--faults", default="")
+    ap.add_argument("--on-netboot", default="")
     a = ap.parse_args()
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
     srv.daemon_threads = True
     srv.upstream = a.upstream.rstrip("/")
     srv.faults = set(x for x in a.faults.split(",") if x)
+    srv.on_netboot = a.on_netboot
     print(f"PORT {srv.server_address[1]}", flush=True)
     srv.serve_forever()
 

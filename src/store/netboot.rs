@@ -1,0 +1,185 @@
+//! Netboot methods (migration 0010): where a node is in its plan, what its BMC says it
+//! is, and which method worked for each BMC model.
+
+use super::nodes::{NodeTx, now};
+use super::{Store, StoreError};
+use crate::lifecycle::transition::{Netboot, NetbootMethod};
+
+/// Parses the `tried` column (comma-separated method names; unknown names dropped).
+fn parse_tried(s: &str) -> Vec<NetbootMethod> {
+    s.split(',').filter_map(NetbootMethod::parse).collect()
+}
+
+fn tried_column(n: &Netboot) -> String {
+    n.tried
+        .iter()
+        .map(|m| m.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A method that worked for a model, as listed on the node page and the API.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MethodRecord {
+    pub model: String,
+    pub method: String,
+    pub successes: i64,
+    pub last_success: String,
+}
+
+impl NodeTx {
+    /// Node `id`'s netboot progress for `generation` (the default when none is stored
+    /// for that generation).
+    pub async fn netboot(&mut self, id: i64, generation: i64) -> Result<Netboot, StoreError> {
+        let row = sqlx::query!(
+            "SELECT method, tried, observed FROM netboot_progress WHERE node_id = ? AND generation = ?",
+            id,
+            generation
+        )
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        Ok(row
+            .map(|r| Netboot {
+                method: NetbootMethod::parse(&r.method).unwrap_or(NetbootMethod::Standard),
+                tried: parse_tried(&r.tried),
+                observed: r.observed != 0,
+            })
+            .unwrap_or_default())
+    }
+
+    /// Writes node `id`'s netboot progress.
+    pub async fn put_netboot(
+        &mut self,
+        id: i64,
+        generation: i64,
+        n: &Netboot,
+    ) -> Result<(), StoreError> {
+        let method = n.method.as_str();
+        let tried = tried_column(n);
+        sqlx::query!(
+            "INSERT INTO netboot_progress (node_id, generation, method, tried, observed) VALUES (?, ?, ?, ?, ?)
+             ON CONFLICT (node_id) DO UPDATE SET generation = excluded.generation,
+               method = excluded.method, tried = excluded.tried, observed = excluded.observed",
+            id,
+            generation,
+            method,
+            tried,
+            n.observed
+        )
+        .execute(&mut *self.tx)
+        .await?;
+        Ok(())
+    }
+
+    /// The order to try netboot methods in for node `id`: the methods that worked for
+    /// its BMC model, latest success first, then the default order.
+    pub async fn netboot_plan(&mut self, id: i64) -> Result<Vec<NetbootMethod>, StoreError> {
+        let worked = sqlx::query_scalar!(
+            "SELECT m.method FROM netboot_methods m JOIN bmc_models b ON b.model = m.model
+             WHERE b.node_id = ? ORDER BY m.last_success DESC, m.successes DESC",
+            id
+        )
+        .fetch_all(&mut *self.tx)
+        .await?;
+        let preferred: Vec<NetbootMethod> = worked
+            .iter()
+            .filter_map(|m| NetbootMethod::parse(m))
+            .collect();
+        Ok(NetbootMethod::plan(&preferred))
+    }
+}
+
+impl Store {
+    /// Node `id`'s netboot progress for `generation`.
+    pub async fn netboot(&self, id: i64, generation: i64) -> Result<Netboot, StoreError> {
+        let row = sqlx::query!(
+            "SELECT method, tried, observed FROM netboot_progress WHERE node_id = ? AND generation = ?",
+            id,
+            generation
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row
+            .map(|r| Netboot {
+                method: NetbootMethod::parse(&r.method).unwrap_or(NetbootMethod::Standard),
+                tried: parse_tried(&r.tried),
+                observed: r.observed != 0,
+            })
+            .unwrap_or_default())
+    }
+
+    /// Records what node `id`'s BMC says it is.
+    pub async fn set_bmc_model(&self, id: i64, model: &str) -> Result<(), StoreError> {
+        let at = now();
+        sqlx::query!(
+            "INSERT INTO bmc_models (node_id, model, seen_at) VALUES (?, ?, ?)
+             ON CONFLICT (node_id) DO UPDATE SET model = excluded.model, seen_at = excluded.seen_at",
+            id,
+            model,
+            at
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// What node `id`'s BMC said it is, last time it was asked.
+    pub async fn bmc_model(&self, id: i64) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar!("SELECT model FROM bmc_models WHERE node_id = ?", id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Records that `method` made node `id` netboot, for its BMC model. Returns the
+    /// model it was recorded for (`None` when the model is not known yet).
+    pub async fn record_netboot_method(
+        &self,
+        id: i64,
+        method: NetbootMethod,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(model) = self.bmc_model(id).await? else {
+            return Ok(None);
+        };
+        let (m, at) = (method.as_str(), now());
+        sqlx::query!(
+            "INSERT INTO netboot_methods (model, method, successes, last_success) VALUES (?, ?, 1, ?)
+             ON CONFLICT (model, method) DO UPDATE SET successes = successes + 1,
+               last_success = excluded.last_success",
+            model,
+            m,
+            at
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(Some(model))
+    }
+
+    /// Every recorded method, by model.
+    pub async fn netboot_methods(&self) -> Result<Vec<MethodRecord>, StoreError> {
+        Ok(sqlx::query_as!(
+            MethodRecord,
+            "SELECT model, method, successes, last_success FROM netboot_methods ORDER BY model, last_success DESC"
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tried_round_trips_and_drops_unknown_names() {
+        let n = Netboot {
+            method: NetbootMethod::OffOn,
+            tried: vec![NetbootMethod::Standard, NetbootMethod::OffOn],
+            observed: false,
+        };
+        assert_eq!(tried_column(&n), "standard,off_on");
+        assert_eq!(parse_tried("standard,bogus,off_on"), n.tried);
+        assert_eq!(parse_tried(""), vec![]);
+    }
+}
