@@ -58,6 +58,9 @@ pub enum NodeCmd {
         /// x86_64, arm64 or unknown (the default: learnt from DHCP or the agent).
         #[arg(long)]
         arch: Option<NodeArch>,
+        /// A label the board filters on, `KEY=VALUE` (e.g. `rack=r12`); repeatable.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
         /// BMC driver: redfish or ipmi.
         #[arg(long, requires = "bmc_address")]
         bmc_driver: Option<Driver>,
@@ -444,6 +447,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
             macs,
             name,
             arch,
+            labels,
             bmc_driver,
             bmc_address,
             bmc_user,
@@ -457,6 +461,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                 macs,
                 name,
                 arch,
+                labels: labels.into_iter().collect(),
                 ..Default::default()
             };
             if let (Some(d), Some(addr)) = (bmc_driver, bmc_address) {
@@ -767,4 +772,13 @@ async fn check_direct(d: DirectBmc) -> Result<crate::bmc::CheckReport, ClientErr
     crate::bmc::check(&ep)
         .await
         .map_err(|e| ClientError::Other(format!("check failed: {e}")))
+}
+
+/// `--label KEY=VALUE`.
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected KEY=VALUE"))?;
+    crate::store::board::check_label(k, v)?;
+    Ok((k.to_string(), v.to_string()))
 }

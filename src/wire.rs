@@ -357,6 +357,9 @@ pub struct CreateNode {
     pub state: Option<State>,
     #[serde(default)]
     pub bmc: Option<CreateBmc>,
+    /// Labels the board filters on (`{"rack": "r12"}`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A BMC in a registration request. Its `Debug` masks the password.
