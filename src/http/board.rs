@@ -84,6 +84,9 @@ pub fn human(secs: i64) -> String {
     }
 }
 
+/// Rows of mark labels under the bars.
+pub const MARK_ROWS: u8 = 3;
+
 /// Width of the drawn time axis, in SVG user units.
 pub const AXIS_WIDTH: f64 = 960.0;
 
@@ -144,7 +147,7 @@ pub struct Mark {
     pub at: String,
     pub detail: Option<String>,
     pub x: f64,
-    /// Row of its label (0 or 1), so neighbours do not overlap.
+    /// Row of its label (below [`MARK_ROWS`]), so neighbours do not overlap.
     pub row: u8,
 }
 
@@ -232,21 +235,34 @@ pub fn timeline(
             w: (x(stop) - x0).max(2.0),
         });
     }
-    let mut last_x = f64::NEG_INFINITY;
-    let mut row = 1u8;
+    // Each label goes in the first of MARK_ROWS rows where it does not overlap the
+    // previous label (about 6.5 units a character), else in the row that ends first.
+    let mut ends = [f64::NEG_INFINITY; MARK_ROWS as usize];
     let marks = marks
         .into_iter()
         .map(|(e, t)| {
             let mx = x(t);
-            // Labels about 150 units wide: alternate rows when closer than that.
-            row = if mx - last_x < 150.0 { 1 - row } else { 0 };
-            last_x = mx;
+            let width = e.event.len() as f64 * 6.5 + 10.0;
+            // Labels near the right end are drawn leftwards from the mark.
+            let (from, to) = if mx > AXIS_WIDTH - 150.0 {
+                (mx - width, mx)
+            } else {
+                (mx, mx + width)
+            };
+            let row = ends.iter().position(|&end| end < from).unwrap_or_else(|| {
+                ends.iter()
+                    .enumerate()
+                    .min_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(i, _)| i)
+                    .unwrap_or(0)
+            });
+            ends[row] = to;
             Mark {
                 event: e.event.clone(),
                 at: e.at.clone(),
                 detail: e.detail.clone(),
                 x: mx,
-                row,
+                row: row as u8,
             }
         })
         .collect();

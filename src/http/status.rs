@@ -246,6 +246,8 @@ pub struct Status {
     pub arch: Option<String>,
     pub label: Option<String>,
     pub q: Option<String>,
+    /// The filters as a query string (for links to the same selection).
+    pub query: String,
     /// Nodes on this page past their stage's expected duration.
     pub overdue: usize,
     /// Query string of the next page (`/status.json?…`, `/?…`), if there is more.
@@ -285,6 +287,7 @@ async fn status(st: &AppState, q: &PageQuery) -> Result<Status, ApiError> {
             .into_iter()
             .map(|(s, n)| (s.to_string(), n))
             .collect(),
+        query: q.filter_query(),
         state: q.state.map(|s| s.to_string()),
         arch: q.arch.map(|a| a.to_string()),
         label: q.label.clone(),
@@ -415,6 +418,7 @@ struct NodePage<'a> {
     log: &'a [crate::wire::InstallLogLine],
     buttons: &'a [Button],
     axis_width: f64,
+    generated_at: &'a str,
 }
 
 async fn node_page(
@@ -460,6 +464,7 @@ async fn node_page(
         log: &log,
         buttons: &buttons,
         axis_width: board::AXIS_WIDTH,
+        generated_at: &crate::store::nodes::now(),
     })
 }
 
