@@ -47,14 +47,14 @@ impl StageView {
 /// switch to the stage data (current stage, since, expected duration per stage).
 pub fn stage_of(n: &NodeView, policy: &Policy, now: DateTime<Utc>) -> StageView {
     let since = parse_time(&n.since).unwrap_or(now);
-    let elapsed_s = (now - since).num_seconds().max(0);
-    let expected_s = policy.deadline(n.state).map(|d| d.as_secs());
+    let elapsed = (now - since).max(chrono::TimeDelta::zero());
+    let expected = policy.deadline(n.state);
     StageView {
         name: n.state.to_string(),
         since: n.since.clone(),
-        elapsed_s,
-        expected_s,
-        overdue: expected_s.is_some_and(|e| elapsed_s > i64::try_from(e).unwrap_or(i64::MAX)),
+        elapsed_s: elapsed.num_seconds(),
+        expected_s: expected.map(|d| d.as_secs()),
+        overdue: expected.is_some_and(|e| elapsed.to_std().is_ok_and(|el| el > e)),
     }
 }
 
