@@ -44,7 +44,8 @@ fi
 # cloud-init is installed only for `cloud-init schema`; never let it act on this machine.
 mkdir -p /etc/cloud && touch /etc/cloud/cloud-init.disabled
 
-# Python peers: sushy-tools (Redfish emulator), pykickstart (ksvalidator), cloud-init (schema).
+# Python peers: sushy-tools (Redfish emulator), pykickstart (ksvalidator), cloud-init (schema),
+# websocket-client (tests/peers/cdp.py drives headless Chromium over the DevTools protocol).
 venv=$PEERS_DIR/venv
 if [ ! -x "$venv/bin/sushy-emulator" ] || [ ! -x "$venv/bin/ksvalidator" ]; then
   python3 -m venv "$venv"
@@ -53,6 +54,9 @@ fi
 # prometheus-client: the tests parse /metrics with its text-format parser.
 if ! "$venv/bin/python3" -c 'import prometheus_client' 2>/dev/null; then
   "$venv/bin/pip" install -q prometheus-client
+fi
+if ! "$venv/bin/python3" -c 'import websocket' 2>/dev/null; then
+  "$venv/bin/pip" install -q websocket-client
 fi
 
 # iPXE binaries (Debian trixie's ipxe package, fetched without touching the system's sources).

@@ -58,6 +58,9 @@ pub enum NodeCmd {
         /// x86_64, arm64 or unknown (the default: learnt from DHCP or the agent).
         #[arg(long)]
         arch: Option<NodeArch>,
+        /// A label the board filters on, `KEY=VALUE` (e.g. `rack=r12`); repeatable.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
         /// BMC driver: redfish or ipmi.
         #[arg(long, requires = "bmc_address")]
         bmc_driver: Option<Driver>,
@@ -820,6 +823,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
             macs,
             name,
             arch,
+            labels,
             bmc_driver,
             bmc_address,
             bmc_user,
@@ -838,6 +842,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                     Some(f) => read_key_file(f)?,
                     None => vec![],
                 },
+                labels: labels.into_iter().collect(),
                 ..Default::default()
             };
             if let (Some(d), Some(addr)) = (bmc_driver, bmc_address) {
@@ -1153,6 +1158,15 @@ async fn check_direct(d: DirectBmc) -> Result<crate::bmc::CheckReport, ClientErr
     crate::bmc::check(&ep)
         .await
         .map_err(|e| ClientError::Other(format!("check failed: {e}")))
+}
+
+/// `--label KEY=VALUE`.
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected KEY=VALUE"))?;
+    crate::store::board::check_label(k, v)?;
+    Ok((k.to_string(), v.to_string()))
 }
 
 #[cfg(test)]

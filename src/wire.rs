@@ -467,6 +467,9 @@ pub struct CreateNode {
     pub state: Option<State>,
     #[serde(default)]
     pub bmc: Option<CreateBmc>,
+    /// Labels the board filters on (`{"rack": "r12"}`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
     /// OpenSSH public keys for root on this node's installed systems (added to the
     /// config's and the image's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

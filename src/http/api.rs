@@ -34,6 +34,8 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/report", get(report))
         .route("/nodes/{id}/actions/{action}", post(action))
         .route("/nodes/{id}/bmc/check", post(bmc_check))
+        .route("/nodes/{id}/bmc/power-cycle", post(bmc_power_cycle))
+        .route("/nodes/{id}/labels", get(get_labels).put(put_labels))
         .route("/images", get(list_images))
         .route("/leftovers", get(super::leftovers::list))
         .route(
@@ -119,24 +121,80 @@ pub fn view_with(n: NodeRow, macs: Vec<Mac>) -> NodeView {
 pub const MAX_PAGE: u32 = 1000;
 pub const DEFAULT_PAGE: u32 = 500;
 
-/// `?limit=&after=&state=` of a node listing (the API and the status page): nodes with
-/// an id above `after`, in id order, optionally only those in `state`.
+/// `?limit=&after=&state=&arch=&label=&q=` of a node listing (the API and the status
+/// page): nodes with an id above `after`, in id order, optionally only those in
+/// `state`, of `arch`, carrying `label` (`rack=r12` or `rack`) and whose MAC, name or
+/// hostname contains `q`. An empty value (a form's "any") is no filter.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PageQuery {
     pub limit: Option<u32>,
     pub after: Option<i64>,
+    #[serde(default, deserialize_with = "empty_as_none")]
     pub state: Option<NodeState>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub arch: Option<NodeArch>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub label: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub q: Option<String>,
+}
+
+impl PageQuery {
+    /// The filters, as the store takes them.
+    pub fn filter(&self) -> crate::store::board::NodeFilter {
+        crate::store::board::NodeFilter {
+            state: self.state,
+            arch: self.arch,
+            label: self
+                .label
+                .as_deref()
+                .and_then(crate::store::board::NodeFilter::label_of),
+            text: self.q.clone(),
+        }
+    }
+
+    /// The filters as a query string (`state=failed&q=52%3A54`), empty without any.
+    pub fn filter_query(&self) -> String {
+        use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+        let mut parts = Vec::new();
+        let mut add = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                parts.push(format!("{k}={}", utf8_percent_encode(&v, NON_ALPHANUMERIC)));
+            }
+        };
+        add("state", self.state.map(|s| s.to_string()));
+        add("arch", self.arch.map(|a| a.to_string()));
+        add("label", self.label.clone());
+        add("q", self.q.clone());
+        parts.join("&")
+    }
+}
+
+/// A query value that is empty (or only blanks) is absent; any other is parsed.
+fn empty_as_none<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let s: Option<String> = Option::deserialize(d)?;
+    match s.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 /// One page of a listing, and the query string of the next page if there is more.
 #[derive(Debug)]
 pub struct Page {
     pub nodes: Vec<NodeView>,
+    /// The labels of each node in `nodes`, in the same order.
+    pub labels: Vec<crate::store::board::Labels>,
     pub next: Option<String>,
 }
 
-/// One page of nodes, in two queries however many there are.
+/// One page of nodes, in three queries however many there are.
 pub async fn page(st: &AppState, q: &PageQuery) -> Result<Page, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
@@ -147,21 +205,33 @@ pub async fn page(st: &AppState, q: &PageQuery) -> Result<Page, ApiError> {
         ));
     }
     let after = q.after.unwrap_or(0);
-    let mut rows = st.store.nodes_page(after, limit + 1, q.state).await?;
+    let mut rows = st
+        .store
+        .nodes_filtered(after, limit + 1, &q.filter())
+        .await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
     let next = match rows.last() {
-        Some((last, _)) if more => {
+        Some((last, _, _)) if more => {
             let mut n = format!("after={}&limit={limit}", last.id);
-            if let Some(s) = q.state {
-                n.push_str(&format!("&state={s}"));
+            let f = q.filter_query();
+            if !f.is_empty() {
+                n.push('&');
+                n.push_str(&f);
             }
             Some(n)
         }
         _ => None,
     };
+    let mut nodes = Vec::with_capacity(rows.len());
+    let mut labels = Vec::with_capacity(rows.len());
+    for (n, m, l) in rows {
+        nodes.push(view_with(n, m));
+        labels.push(l);
+    }
     Ok(Page {
-        nodes: rows.into_iter().map(|(n, m)| view_with(n, m)).collect(),
+        nodes,
+        labels,
         next,
     })
 }
@@ -265,6 +335,7 @@ async fn create_node(
     if macs.is_empty() {
         return Err(ApiError::bad_request("a node needs at least one MAC"));
     }
+    check_labels(&req.labels)?;
     // Nodes are found by id, MAC, name or hostname, in that order: a name that reads
     // as an id or a MAC would be shadowed by it.
     if let Some(name) = &req.name
@@ -336,6 +407,9 @@ async fn create_node(
         .node(id)
         .await?
         .ok_or_else(|| ApiError::not_found(id))?;
+    if !req.labels.is_empty() {
+        st.store.set_labels(id, &req.labels).await?;
+    }
     st.lifecycle.notify(id, "registered", n.state);
     Ok((StatusCode::CREATED, Json(view(&st, n).await?)))
 }
@@ -578,6 +652,90 @@ async fn bmc_check(
             e.to_string(),
         )),
     }
+}
+
+fn check_labels(labels: &crate::store::board::Labels) -> Result<(), ApiError> {
+    if labels.len() > 32 {
+        return Err(ApiError::bad_request("at most 32 labels per node"));
+    }
+    for (k, v) in labels {
+        crate::store::board::check_label(k, v).map_err(ApiError::bad_request)?;
+    }
+    Ok(())
+}
+
+/// `GET /api/v1/nodes/{id}/labels`: `{"rack": "r12", …}`.
+async fn get_labels(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<crate::store::board::Labels>, ApiError> {
+    let n = find(&st, &id).await?;
+    Ok(Json(st.store.labels(n.id).await?))
+}
+
+/// `PUT /api/v1/nodes/{id}/labels`: replaces the node's labels with the body's.
+async fn put_labels(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    JsonBody(labels): JsonBody<crate::store::board::Labels>,
+) -> Result<Json<crate::store::board::Labels>, ApiError> {
+    check_labels(&labels)?;
+    let n = find(&st, &id).await?;
+    st.store.set_labels(n.id, &labels).await?;
+    st.lifecycle.notify(n.id, "labelled", n.state);
+    Ok(Json(labels))
+}
+
+/// `POST /api/v1/nodes/{id}/bmc/power-cycle`: an operator's power cycle through the
+/// node's BMC (the state does not change; the audit log says who did it). For a
+/// machine that hangs; a reinstall power-cycles by itself.
+async fn bmc_power_cycle(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<NodeView>, ApiError> {
+    let n = find(&st, &id).await?;
+    if n.state == NodeState::Reclaiming {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "reclaiming",
+            format!(
+                "node {} is reclaiming: its reinstall power-cycles it (cancel by quarantining)",
+                n.id
+            ),
+        ));
+    }
+    let r = tokio::select! {
+        // CANCEL-SAFETY: a power cycle the BMC already took stays taken; nothing to undo.
+        _ = st.shutdown.cancelled() => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "pxed is shutting down",
+            ));
+        }
+        // CANCEL-SAFETY: bounded by the BMC call policy.
+        r = st.lifecycle.operator_power_cycle(n.id, "api") => r,
+    };
+    match r {
+        Ok(()) => {}
+        Err(ConnectError::NoBmc) => return Err(no_bmc(n.id)),
+        Err(ConnectError::Store(e)) => return Err(e.into()),
+        Err(e) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                e.kind(),
+                e.to_string(),
+            ));
+        }
+    }
+    let row = st
+        .store
+        .node(n.id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(n.id))?;
+    st.lifecycle
+        .notify(n.id, "power_cycled_by_operator", row.state);
+    Ok(Json(view(&st, row).await?))
 }
 
 fn no_bmc(id: i64) -> ApiError {

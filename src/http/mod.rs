@@ -20,6 +20,7 @@ use crate::state::AppState;
 
 pub mod agent;
 pub mod api;
+pub mod board;
 pub mod error;
 pub mod leftovers;
 pub mod log;

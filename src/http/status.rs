@@ -18,9 +18,12 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::api::{NodeView, PageQuery, view};
+use super::board::{self, StageView};
 use super::error::{ApiError, QueryParams};
+use crate::lifecycle::transition::State as NodeState;
 use crate::state::AppState;
-use crate::store::nodes::EventRow;
+use crate::store::board::Labels;
+use crate::store::nodes::{BmcRow, EventRow};
 
 /// Routes of the status page.
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
@@ -30,6 +33,93 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/nodes/{id}", get(node_page))
         .route("/events", get(events))
         .route_layer(axum::middleware::from_fn_with_state(state, viewer_auth))
+        .route("/login", axum::routing::post(login))
+        .route("/logout", axum::routing::post(logout))
+}
+
+/// The login form, shown instead of a page that needs a credential.
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage<'a> {
+    next: &'a str,
+    error: Option<&'a str>,
+}
+
+/// `next` when it is a path on this server (never `//host` or a URL), else `/`.
+fn local_path(next: &str) -> &str {
+    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+        next
+    } else {
+        "/"
+    }
+}
+
+fn login_page(status: axum::http::StatusCode, next: &str, error: Option<&str>) -> Response {
+    match (LoginPage {
+        next: local_path(next),
+        error,
+    })
+    .render()
+    {
+        Ok(html) => (status, [(header::CACHE_CONTROL, "no-store")], Html(html)).into_response(),
+        Err(e) => ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "render",
+            e.to_string(),
+        )
+        .into_response(),
+    }
+}
+
+fn viewer_cookie(viewer: &str) -> String {
+    format!("{COOKIE}={viewer}; Path=/; HttpOnly; SameSite=Strict")
+}
+
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// `POST /login` (form `token`, `next`): the API token buys a viewer cookie, which
+/// holds a credential derived from the token, never the token.
+async fn login(State(st): State<Arc<AppState>>, axum::Form(f): axum::Form<LoginForm>) -> Response {
+    use axum::http::StatusCode;
+    let next = local_path(&f.next).to_string();
+    if !super::api::constant_time_eq(f.token.trim().as_bytes(), st.api_token.as_bytes()) {
+        return login_page(
+            StatusCode::UNAUTHORIZED,
+            &next,
+            Some("that is not the API token"),
+        );
+    }
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, next),
+            (
+                header::SET_COOKIE,
+                viewer_cookie(&viewer_credential(&st.api_token)),
+            ),
+        ],
+    )
+        .into_response()
+}
+
+/// `POST /logout`: drops the viewer cookie.
+async fn logout() -> Response {
+    (
+        axum::http::StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, "/".to_string()),
+            (
+                header::SET_COOKIE,
+                format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+            ),
+        ],
+    )
+        .into_response()
 }
 
 /// The cookie that carries the viewer credential.
@@ -86,48 +176,122 @@ async fn viewer_auth(
             StatusCode::SEE_OTHER,
             [
                 (header::LOCATION, path),
-                (
-                    header::SET_COOKIE,
-                    format!("{COOKIE}={viewer}; Path=/; HttpOnly; SameSite=Strict"),
-                ),
+                (header::SET_COOKIE, viewer_cookie(&viewer)),
             ],
         )
             .into_response();
     }
+    // A browser gets the login form; anything else a JSON reason.
+    let wants_html = req.method() == axum::http::Method::GET
+        && req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("text/html"));
+    if wants_html {
+        let next = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        return login_page(StatusCode::UNAUTHORIZED, next, None);
+    }
     ApiError::new(
         StatusCode::UNAUTHORIZED,
         "unauthorized",
-        "the status page needs the API token: open /?token=<API token> once, or set status_public",
+        "the status page needs the API token: log in at / with it, open /?token=<API token> once, or set status_public",
     )
     .into_response()
+}
+
+/// One row of the board: the node, its labels, its current stage and why it failed.
+#[derive(Debug, Serialize)]
+pub struct BoardRow {
+    #[serde(flatten)]
+    pub node: NodeView,
+    pub labels: Labels,
+    /// The name links and titles use (name, else hostname, else `node N`).
+    pub title: String,
+    pub stage: StageView,
+    /// `<step>: <reason>` when failed or quarantined.
+    pub reason: Option<String>,
+}
+
+impl BoardRow {
+    /// `rack=r12, row=b`.
+    pub fn labels_text(&self) -> String {
+        self.labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `3 min 5 s of 15 min 0 s` (or just the elapsed time in a resting state).
+    pub fn in_stage(&self) -> String {
+        self.stage.text()
+    }
 }
 
 /// What the page shows: counts over every node, and one page of nodes (see
 /// [`PageQuery`]).
 #[derive(Debug, Serialize)]
 pub struct Status {
-    pub nodes: Vec<NodeView>,
+    pub nodes: Vec<BoardRow>,
     pub counts: Vec<(String, i64)>,
     /// Nodes in the inventory.
     pub total: i64,
     /// The state this page is filtered on, if any.
     pub state: Option<String>,
+    pub arch: Option<String>,
+    pub label: Option<String>,
+    pub q: Option<String>,
+    /// The filters as a query string (for links to the same selection).
+    pub query: String,
+    /// Nodes on this page past their stage's expected duration.
+    pub overdue: usize,
     /// Query string of the next page (`/status.json?…`, `/?…`), if there is more.
     pub next: Option<String>,
     pub generated_at: String,
 }
 
+impl Status {
+    /// Whether any filter is set.
+    pub fn filtered(&self) -> bool {
+        self.state.is_some() || self.arch.is_some() || self.label.is_some() || self.q.is_some()
+    }
+}
+
 async fn status(st: &AppState, q: &PageQuery) -> Result<Status, ApiError> {
     let counts = st.store.state_counts().await?;
     let p = super::api::page(st, q).await?;
+    let policy = st.lifecycle.policy();
+    let now = chrono::Utc::now();
+    let nodes: Vec<BoardRow> = p
+        .nodes
+        .into_iter()
+        .zip(p.labels)
+        .map(|(node, labels)| BoardRow {
+            title: board::title_of(&node),
+            stage: board::stage_of(&node, &policy, now),
+            reason: board::reason_of(&node),
+            labels,
+            node,
+        })
+        .collect();
     Ok(Status {
-        nodes: p.nodes,
+        overdue: nodes.iter().filter(|r| r.stage.overdue).count(),
+        nodes,
         total: counts.iter().map(|(_, n)| n).sum(),
         counts: counts
             .into_iter()
             .map(|(s, n)| (s.to_string(), n))
             .collect(),
+        query: q.filter_query(),
         state: q.state.map(|s| s.to_string()),
+        arch: q.arch.map(|a| a.to_string()),
+        label: q.label.clone(),
+        q: q.q.clone(),
         next: p.next,
         generated_at: crate::store::nodes::now(),
     })
@@ -137,6 +301,7 @@ async fn status(st: &AppState, q: &PageQuery) -> Result<Status, ApiError> {
 #[template(path = "status.html")]
 struct StatusPage<'a> {
     s: &'a Status,
+    states: &'a [NodeState],
 }
 
 async fn page(
@@ -144,7 +309,10 @@ async fn page(
     QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Response, ApiError> {
     let s = status(&st, &q).await?;
-    render(StatusPage { s: &s })
+    render(StatusPage {
+        s: &s,
+        states: &NodeState::ALL,
+    })
 }
 
 async fn status_json(
@@ -154,12 +322,103 @@ async fn status_json(
     Ok(Json(status(&st, &q).await?))
 }
 
+/// An operator button on the node page: what it calls, and whether it applies now.
+#[derive(Debug)]
+struct Button {
+    /// `reinstall`, `power-cycle`, `mark-available`, `quarantine`.
+    id: &'static str,
+    label: &'static str,
+    method: &'static str,
+    /// Path under `/api/v1`.
+    path: String,
+    /// Why it is off in this state, if it is.
+    off: Option<String>,
+    /// Asks for a reason first.
+    reason: bool,
+}
+
+fn buttons(n: &NodeView, has_bmc: bool) -> Vec<Button> {
+    use crate::lifecycle::transition::State as S;
+    let id = n.id;
+    let reinstall_off = (!matches!(n.state, S::Available | S::Allocated | S::Failed))
+        .then(|| format!("a {} node cannot be reinstalled", n.state));
+    let cycle_off = if !has_bmc {
+        Some("no BMC is registered".to_string())
+    } else if n.state == S::Reclaiming {
+        Some("the reinstall is power-cycling it".to_string())
+    } else {
+        None
+    };
+    // `available` is reached from here by the action that leaves this state.
+    let (avail_action, avail_off) = match n.state {
+        S::Discovered => ("enroll", None),
+        S::Allocated => ("release", None),
+        S::Quarantined => ("restore", None),
+        s => (
+            "restore",
+            Some(format!(
+                "from {s}: {}",
+                if s == S::Failed {
+                    "reinstall it"
+                } else {
+                    "not an operator's step"
+                }
+            )),
+        ),
+    };
+    vec![
+        Button {
+            id: "reinstall",
+            label: "reinstall",
+            method: "POST",
+            path: format!("/nodes/{id}/reinstall"),
+            off: reinstall_off,
+            reason: false,
+        },
+        Button {
+            id: "power-cycle",
+            label: "power cycle",
+            method: "POST",
+            path: format!("/nodes/{id}/bmc/power-cycle"),
+            off: cycle_off,
+            reason: false,
+        },
+        Button {
+            id: "mark-available",
+            label: "mark available",
+            method: "POST",
+            path: format!("/nodes/{id}/actions/{avail_action}"),
+            off: avail_off,
+            reason: false,
+        },
+        Button {
+            id: "quarantine",
+            label: "quarantine",
+            method: "POST",
+            path: format!("/nodes/{id}/actions/quarantine"),
+            off: (n.state == S::Quarantined).then(|| "already quarantined".to_string()),
+            reason: true,
+        },
+    ]
+}
+
 #[derive(Template)]
 #[template(path = "node.html")]
 struct NodePage<'a> {
     n: &'a NodeView,
+    title: &'a str,
+    labels: &'a Labels,
+    stage: &'a StageView,
+    reason: Option<&'a str>,
+    bmc: Option<&'a BmcRow>,
+    timeline: Option<&'a board::Timeline>,
+    previous: &'a [board::GenerationSummary],
     events: &'a [EventRow],
+    leased: &'a [String],
     log: &'a [crate::wire::InstallLogLine],
+    buttons: &'a [Button],
+    axis_width: f64,
+    generated_at: &'a str,
 }
 
 async fn node_page(
@@ -171,13 +430,41 @@ async fn node_page(
         .node(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("node {id}")))?;
-    let events = st.store.events(id).await?;
+    let mut events = st.store.events(id).await?;
     let log = st.store.install_log(id, row.generation, 50).await?;
+    let bmc = st.store.bmc(id).await?;
+    let labels = st.store.labels(id).await?;
+    let now_unix = i64::try_from(crate::dhcp::unix_now()).unwrap_or(i64::MAX);
+    let mut leased = st.store.leased_ips(id, now_unix).await?;
+    if let Some(ip) = &row.boot_ip {
+        leased.push(format!("{ip} (installer served to)"));
+    }
     let n = view(&st, row).await?;
+    let policy = st.lifecycle.policy();
+    let now = chrono::Utc::now();
+    let timeline = board::timeline(&n, &events, &policy, now);
+    let previous = board::previous_generations(&n, &events);
+    // Newest first in the audit table.
+    events.reverse();
+    let title = board::title_of(&n);
+    let stage = board::stage_of(&n, &policy, now);
+    let reason = board::reason_of(&n);
+    let buttons = buttons(&n, bmc.is_some());
     render(NodePage {
         n: &n,
+        title: &title,
+        labels: &labels,
+        stage: &stage,
+        reason: reason.as_deref(),
+        bmc: bmc.as_ref(),
+        timeline: timeline.as_ref(),
+        previous: &previous,
         events: &events,
+        leased: &leased,
         log: &log,
+        buttons: &buttons,
+        axis_width: board::AXIS_WIDTH,
+        generated_at: &crate::store::nodes::now(),
     })
 }
 

@@ -732,6 +732,32 @@ impl Lifecycle {
         Ok(r?)
     }
 
+    /// An operator's power cycle of node `id` (a hung machine), outside any reinstall:
+    /// the state does not change, the audit log records who asked and what the BMC
+    /// said. A node in the middle of a reclaim is left to the worker's own cycle.
+    pub async fn operator_power_cycle(&self, id: i64, actor: &str) -> Result<(), ConnectError> {
+        let b = self.bmcs.connect(&self.store, id).await?;
+        let r = b.power_cycle().await;
+        b.close().await;
+        if let Some(n) = self.store.node(id).await? {
+            let detail = match &r {
+                Ok(()) => "power cycle sent by an operator".to_string(),
+                Err(e) => format!("operator power cycle failed: {e}"),
+            };
+            self.store
+                .note(
+                    id,
+                    n.generation,
+                    n.state,
+                    "operator_power_cycle",
+                    actor,
+                    &detail,
+                )
+                .await?;
+        }
+        Ok(r?)
+    }
+
     /// Applies an event the worker produced (a BMC answer, a deadline). A concurrent
     /// writer (an agent callback) may win the version check: retried a few times. A
     /// store that cannot write (full disk, I/O error) is retried with backoff until

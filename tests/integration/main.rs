@@ -2,6 +2,7 @@
 
 mod bmc;
 mod bmc_lifecycle;
+mod board;
 mod cli;
 mod common;
 mod crash;
