@@ -4,12 +4,13 @@
 //! The templates only draw what these return.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::lifecycle::transition::Policy;
-use crate::model::State;
+use crate::model::{Stage, State};
 use crate::store::nodes::{EventRow, parse_time};
 use crate::wire::NodeView;
 
@@ -39,22 +40,46 @@ impl StageView {
     }
 }
 
-/// The stage a board row shows for `n`.
-///
-/// MERGE NOTE: until per-stage wire timestamps (branch `track`) land, a node's stage is
-/// its lifecycle state, entered at `state_since`, expected to last its
-/// `lifecycle.deadlines` entry (resting states have none). This is the one place to
-/// switch to the stage data (current stage, since, expected duration per stage).
-pub fn stage_of(n: &NodeView, policy: &Policy, now: DateTime<Utc>) -> StageView {
-    let since = parse_time(&n.since).unwrap_or(now);
-    let elapsed = (now - since).max(chrono::TimeDelta::zero());
-    let expected = policy.deadline(n.state);
+/// Where a node in a reinstall is by the wire: the last stage its current generation
+/// reached (see [`crate::stages`]), and since when.
+pub type WireStage<'a> = Option<(Stage, &'a str)>;
+
+/// The stage a board row shows for `n`. A node in a reinstall shows the last stage
+/// seen on the wire (`kernel`, `installer_packages`, ...) against that stage's
+/// expected duration (`[stages] expected`); a node without one, or at rest, shows its
+/// lifecycle state since `state_since` against the state's `lifecycle.deadlines`
+/// entry (resting states have none).
+pub fn stage_of(
+    n: &NodeView,
+    policy: &Policy,
+    wire: WireStage<'_>,
+    expected: &BTreeMap<Stage, Duration>,
+    now: DateTime<Utc>,
+) -> StageView {
+    let elapsed = |since: &str| {
+        let t = parse_time(since).unwrap_or(now);
+        (now - t).max(chrono::TimeDelta::zero())
+    };
+    if let Some((stage, at)) = wire
+        && n.state.in_progress()
+    {
+        let exp = expected.get(&stage).copied();
+        return StageView {
+            name: stage.to_string(),
+            since: at.to_string(),
+            elapsed_s: elapsed(at).num_seconds(),
+            expected_s: exp.map(|d| d.as_secs()),
+            overdue: crate::stages::is_stuck(n.state, stage, at, exp, now),
+        };
+    }
+    let el = elapsed(&n.since);
+    let exp = policy.deadline(n.state);
     StageView {
         name: n.state.to_string(),
         since: n.since.clone(),
-        elapsed_s: elapsed.num_seconds(),
-        expected_s: expected.map(|d| d.as_secs()),
-        overdue: expected.is_some_and(|e| elapsed.to_std().is_ok_and(|el| el > e)),
+        elapsed_s: el.num_seconds(),
+        expected_s: exp.map(|d| d.as_secs()),
+        overdue: exp.is_some_and(|e| el.to_std().is_ok_and(|el| el > e)),
     }
 }
 
@@ -376,7 +401,6 @@ pub fn previous_generations(n: &NodeView, events: &[EventRow]) -> Vec<Generation
 mod tests {
     use super::*;
     use crate::model::Step;
-    use std::time::Duration;
 
     fn policy() -> Policy {
         let mut deadlines = [None; 9];
@@ -437,18 +461,30 @@ mod tests {
 
     #[test]
     fn a_stage_past_its_expected_duration_is_overdue() {
+        let none = BTreeMap::new();
         let n = node(State::Netbooting, "2026-01-01T00:00:00.000Z", 1);
-        let s = stage_of(&n, &policy(), t("2026-01-01T00:14:59Z"));
+        let s = stage_of(&n, &policy(), None, &none, t("2026-01-01T00:14:59Z"));
         assert_eq!(
             (s.elapsed_s, s.expected_s, s.overdue),
             (899, Some(900), false)
         );
-        let s = stage_of(&n, &policy(), t("2026-01-01T00:15:01Z"));
+        let s = stage_of(&n, &policy(), None, &none, t("2026-01-01T00:15:01Z"));
         assert!(s.overdue, "{s:?}");
-        // Resting states have no expectation and are never overdue.
+        // Seen on the wire: the last stage reached, against its own expected duration.
+        let expected = BTreeMap::from([(Stage::Kernel, Duration::from_secs(120))]);
+        let wire = Some((Stage::Kernel, "2026-01-01T00:10:00.000Z"));
+        let s = stage_of(&n, &policy(), wire, &expected, t("2026-01-01T00:11:00Z"));
+        assert_eq!(
+            (s.name.as_str(), s.elapsed_s, s.expected_s, s.overdue),
+            ("kernel", 60, Some(120), false)
+        );
+        let s = stage_of(&n, &policy(), wire, &expected, t("2026-01-01T00:12:01Z"));
+        assert!(s.overdue, "{s:?}");
+        // Resting states have no expectation and are never overdue, whatever the wire
+        // saw last.
         let n = node(State::Available, "2020-01-01T00:00:00.000Z", 1);
-        let s = stage_of(&n, &policy(), t("2026-01-01T00:00:00Z"));
-        assert_eq!((s.expected_s, s.overdue), (None, false));
+        let s = stage_of(&n, &policy(), wire, &expected, t("2026-01-01T00:00:00Z"));
+        assert_eq!((s.name.as_str(), s.expected_s, s.overdue), ("available", None, false));
         assert_eq!(title_of(&n), "node-0a0b0c");
         assert_eq!(human(59), "59 s");
         assert_eq!(human(725), "12 min 5 s");

@@ -267,13 +267,21 @@ async fn status(st: &AppState, q: &PageQuery) -> Result<Status, ApiError> {
     let p = super::api::page(st, q).await?;
     let policy = st.lifecycle.policy();
     let now = chrono::Utc::now();
+    let wire = st.store.current_stages().await?;
+    let expected = &st.cfg.stages.expected;
     let nodes: Vec<BoardRow> = p
         .nodes
         .into_iter()
         .zip(p.labels)
         .map(|(node, labels)| BoardRow {
             title: board::title_of(&node),
-            stage: board::stage_of(&node, &policy, now),
+            stage: board::stage_of(
+                &node,
+                &policy,
+                wire.get(&node.id).map(|(s, at)| (*s, at.as_str())),
+                expected,
+                now,
+            ),
             reason: board::reason_of(&node),
             labels,
             node,
@@ -447,7 +455,14 @@ async fn node_page(
     // Newest first in the audit table.
     events.reverse();
     let title = board::title_of(&n);
-    let stage = board::stage_of(&n, &policy, now);
+    let rows = crate::stages::ordered(st.store.generation_stages(n.id, n.generation).await?);
+    let stage = board::stage_of(
+        &n,
+        &policy,
+        rows.last().map(|r| (r.stage, r.at.as_str())),
+        &st.cfg.stages.expected,
+        now,
+    );
     let reason = board::reason_of(&n);
     let buttons = buttons(&n, bmc.is_some());
     render(NodePage {

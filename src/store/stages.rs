@@ -131,6 +131,32 @@ impl Store {
         .await?)
     }
 
+    /// The last stage each node in a reinstall reached in its current generation, and
+    /// when: what the board shows. One query for the whole fleet (only nodes in a
+    /// reinstall have rows here).
+    pub async fn current_stages(
+        &self,
+    ) -> Result<std::collections::HashMap<i64, (Stage, String)>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT s.node_id AS "node_id!", s.stage AS "stage!: Stage", s.at AS "at!"
+               FROM node_stages s JOIN nodes n
+                 ON n.id = s.node_id AND s.generation = n.generation
+               WHERE n.state IN ('reclaiming', 'netbooting', 'installing', 'first_boot')"#
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out: std::collections::HashMap<i64, (Stage, String)> = Default::default();
+        for r in rows {
+            let later = out.get(&r.node_id).is_none_or(|(s, at)| {
+                (r.at.as_str(), r.stage.index()) > (at.as_str(), s.index())
+            });
+            if later {
+                out.insert(r.node_id, (r.stage, r.at));
+            }
+        }
+        Ok(out)
+    }
+
     /// Nodes in a reinstall or failed, each with its current generation's stages.
     pub async fn tracked_nodes(&self) -> Result<Vec<Tracked>, StoreError> {
         let rows = sqlx::query!(
