@@ -484,7 +484,10 @@ mod tests {
         // saw last.
         let n = node(State::Available, "2020-01-01T00:00:00.000Z", 1);
         let s = stage_of(&n, &policy(), wire, &expected, t("2026-01-01T00:00:00Z"));
-        assert_eq!((s.name.as_str(), s.expected_s, s.overdue), ("available", None, false));
+        assert_eq!(
+            (s.name.as_str(), s.expected_s, s.overdue),
+            ("available", None, false)
+        );
         assert_eq!(title_of(&n), "node-0a0b0c");
         assert_eq!(human(59), "59 s");
         assert_eq!(human(725), "12 min 5 s");

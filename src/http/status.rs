@@ -423,10 +423,54 @@ struct NodePage<'a> {
     previous: &'a [board::GenerationSummary],
     events: &'a [EventRow],
     leased: &'a [String],
+    /// This generation's stages from the wire (DHCP, TFTP, HTTP, callbacks), in order.
+    wire: &'a [WireRow],
     log: &'a [crate::wire::InstallLogLine],
     buttons: &'a [Button],
     axis_width: f64,
     generated_at: &'a str,
+}
+
+/// One stage seen on the wire, as the node page lists it.
+struct WireRow {
+    stage: String,
+    at: String,
+    /// `10485760 bytes in 812 ms`, the script's action, a failure reason.
+    what: String,
+    /// `12 s (expected 2 min 0 s)`; empty for the current stage.
+    lasted: String,
+    over: bool,
+}
+
+fn wire_rows(views: &[crate::wire::StageView]) -> Vec<WireRow> {
+    views
+        .iter()
+        .map(|v| {
+            let mut what = Vec::new();
+            if let Some(b) = v.bytes {
+                what.push(match v.took_ms {
+                    Some(ms) => format!("{b} bytes in {ms} ms"),
+                    None => format!("{b} bytes"),
+                });
+            }
+            if let Some(d) = &v.detail {
+                what.push(d.clone());
+            }
+            let secs = |ms: u64| board::human(i64::try_from(ms / 1000).unwrap_or(i64::MAX));
+            let lasted = match (v.lasted_ms, v.expected_ms) {
+                (Some(l), Some(e)) => format!("{} (expected {})", secs(l), secs(e)),
+                (Some(l), None) => secs(l),
+                (None, _) => String::new(),
+            };
+            WireRow {
+                stage: v.stage.to_string(),
+                at: v.at.clone(),
+                what: what.join("; "),
+                lasted,
+                over: matches!((v.lasted_ms, v.expected_ms), (Some(l), Some(e)) if l > e),
+            }
+        })
+        .collect()
 }
 
 async fn node_page(
@@ -456,6 +500,7 @@ async fn node_page(
     events.reverse();
     let title = board::title_of(&n);
     let rows = crate::stages::ordered(st.store.generation_stages(n.id, n.generation).await?);
+    let wire = wire_rows(&crate::stages::views(&rows, &st.cfg.stages.expected));
     let stage = board::stage_of(
         &n,
         &policy,
@@ -476,6 +521,7 @@ async fn node_page(
         previous: &previous,
         events: &events,
         leased: &leased,
+        wire: &wire,
         log: &log,
         buttons: &buttons,
         axis_width: board::AXIS_WIDTH,

@@ -10,8 +10,8 @@ pub mod leases;
 pub mod netboot;
 pub mod nodes;
 pub mod secrets;
-pub mod webhooks;
 pub mod stages;
+pub mod webhooks;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -147,9 +147,9 @@ impl Store {
         .await?;
         let mut out: std::collections::HashMap<i64, (Stage, String)> = Default::default();
         for r in rows {
-            let later = out.get(&r.node_id).is_none_or(|(s, at)| {
-                (r.at.as_str(), r.stage.index()) > (at.as_str(), s.index())
-            });
+            let later = out
+                .get(&r.node_id)
+                .is_none_or(|(s, at)| (r.at.as_str(), r.stage.index()) > (at.as_str(), s.index()));
             if later {
                 out.insert(r.node_id, (r.stage, r.at));
             }

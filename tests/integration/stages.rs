@@ -526,6 +526,24 @@ fn a_reinstall_over_the_wire_records_every_stage_in_order() {
         assert!(shown.contains(stage), "{stage} not in:\n{shown}");
     }
     assert!(shown.contains("stages of generation 1"), "{shown}");
+    // The node page lists what the wire saw, with the bytes of each file served.
+    let auth = format!("Authorization: Bearer {TOKEN}");
+    let (s, page) = curl(
+        &lan.server,
+        &["-H", &auth, &format!("http://{SERVER}/nodes/{id}")],
+    );
+    assert_eq!(s, 200, "{page}");
+    let wire = &page[page.find("seen on the wire").expect("wire section")..];
+    for w in [
+        "dhcp_discover",
+        "first_stage",
+        "kernel",
+        "3000 bytes",
+        "initrd",
+        "5000 bytes",
+    ] {
+        assert!(wire.contains(w), "{w} not on the node page:\n{wire}");
+    }
     let report = cli(&["report", "--since", "1h"]);
     assert!(report.contains("REINSTALLS"), "{report}");
     let row = report
