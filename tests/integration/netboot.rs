@@ -383,3 +383,159 @@ async fn lying_bmc(row: &Row, net: u8) {
     drop(pxed);
     drop(proxy);
 }
+
+/// Leftovers through the real daemon: a lease whose node was deleted, a node that
+/// netbooted while `available`, a node `available` whose BMC reads Off; each listed by
+/// `GET /api/v1/leftovers`, counted in `pxed_leftovers`, and gone after its one action.
+#[tokio::test]
+async fn leftovers_are_listed_counted_and_resolved() {
+    need("busybox");
+    let net = 96;
+    let lan = Lan::new("lo", &format!("10.{net}.0.1/24"), 1);
+    let client = lan.clients[0].name().to_string();
+    let mac = lan.clients[0].mac("eth0");
+    let sushy = Sushy::start_in(&lan.server);
+    let proxy = FaultProxy::start_in(&lan.server, &sushy.url(), "", "");
+    let pxed = Pxed::start(&lan, net);
+    let ns = lan.server.name().to_string();
+    let api = |method: &'static str, path: String, body: Option<Value>| {
+        pxed.request(&ns, method, &path, body).unwrap()
+    };
+    let dhcp = || {
+        let (ok, out, err) = run(Command::new("ip").args([
+            "netns",
+            "exec",
+            &client,
+            "busybox",
+            "udhcpc",
+            "-i",
+            "eth0",
+            "-n",
+            "-q",
+            "-f",
+            "-t",
+            "3",
+            "-T",
+            "1",
+            "-s",
+            "/bin/true",
+            "-V",
+            "PXEClient:Arch:00007:UNDI:003016",
+            "-x",
+            "0x5d:0007",
+        ]));
+        assert!(ok, "udhcpc: {out}{err}");
+    };
+    let register = |bmc_system: &str| {
+        let (code, body) = api(
+            "POST",
+            "/api/v1/nodes".into(),
+            Some(json!({"macs": [mac], "arch": "x86_64", "bmc": {
+                "driver": "redfish", "address": proxy.url(), "username": "admin",
+                "password": PASSWORD, "system_id": bmc_system}})),
+        );
+        assert_eq!(code, 201, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()["id"]
+            .as_i64()
+            .unwrap()
+    };
+    // Waits until the leftovers list has (or, with `present` false, lacks) `kind`.
+    let wait_kind = async |kind: &str, present: bool| -> Value {
+        poll(Duration::from_secs(20), async || {
+            let (code, body) = api("GET", "/api/v1/leftovers".into(), None);
+            assert_eq!(code, 200, "{body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            let found = v["leftovers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["kind"] == kind)
+                .cloned();
+            match (found, present) {
+                (Some(l), true) => Some(l),
+                (None, false) => Some(v),
+                _ => None,
+            }
+        })
+        .await
+        .unwrap_or_else(|| panic!("leftover {kind} present={present} never seen"))
+    };
+
+    // A node that netboots while `available`: something reset it.
+    let id = register(crate::bmc::NODE2);
+    dhcp();
+    let l = wait_kind("netbooted_at_rest", true).await;
+    assert_eq!(l["node"], id);
+    assert_eq!(l["action"], "acknowledge");
+    assert!(
+        l["detail"].as_str().unwrap().contains("while available"),
+        "{l}"
+    );
+    let (_, metrics) = api("GET", "/metrics".into(), None);
+    assert!(
+        metrics.contains("pxed_leftovers{kind=\"netbooted_at_rest\"} 1"),
+        "{metrics}"
+    );
+    let (code, body) = api(
+        "POST",
+        format!("/api/v1/leftovers/netbooted_at_rest/{id}/resolve"),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    wait_kind("netbooted_at_rest", false).await;
+    let (code, body) = api(
+        "POST",
+        format!("/api/v1/leftovers/netbooted_at_rest/{id}/resolve"),
+        None,
+    );
+    assert_eq!((code, body.contains("not_found")), (404, true), "{body}");
+    let (_, page) = api("GET", format!("/nodes/{id}"), None);
+    assert!(
+        page.contains("leftover_resolved"),
+        "node page lacks the resolution"
+    );
+
+    // Its lease outlives the node: a stale lease, released by the operator.
+    let (code, _) = api("DELETE", format!("/api/v1/nodes/{id}"), None);
+    assert!(code == 200 || code == 204, "delete: {code}");
+    let l = wait_kind("stale_lease", true).await;
+    assert_eq!(l["node"], Value::Null);
+    let ip = l["subject"].as_str().unwrap().to_string();
+    assert!(ip.starts_with(&format!("10.{net}.0.")), "{l}");
+    assert!(l["detail"].as_str().unwrap().contains(&mac), "{l}");
+    let (code, body) = api(
+        "POST",
+        format!("/api/v1/leftovers/stale_lease/{ip}/resolve"),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    wait_kind("stale_lease", false).await;
+
+    // `available` on a BMC that reads Off (sushy's node1 starts Off): powered on.
+    let id = register(crate::bmc::NODE1);
+    let l = wait_kind("powered_off", true).await;
+    assert_eq!(
+        (l["node"].as_i64(), l["action"].as_str()),
+        (Some(id), Some("power_on"))
+    );
+    let (code, body) = api(
+        "POST",
+        format!("/api/v1/leftovers/powered_off/{id}/resolve"),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("powered on"), "{body}");
+    // A check after the resolution must find it On (not merely unlisted until then).
+    let resolved_at = chrono::Utc::now();
+    let v = poll(Duration::from_secs(20), async || {
+        let v: Value =
+            serde_json::from_str(&api("GET", "/api/v1/leftovers".into(), None).1).unwrap();
+        let checked: chrono::DateTime<chrono::Utc> = v["checked_at"].as_str()?.parse().ok()?;
+        (checked > resolved_at + chrono::TimeDelta::milliseconds(500)).then_some(v)
+    })
+    .await
+    .expect("a leftovers check after the resolution");
+    assert_eq!(v["counts"]["powered_off"], 0, "{v}");
+    let (code, body) = api("POST", "/api/v1/leftovers/bogus/1/resolve".into(), None);
+    assert_eq!(code, 404, "{body}");
+}
