@@ -27,6 +27,9 @@ pub struct StageView {
     pub expected_s: Option<u64>,
     /// In it longer than expected.
     pub overdue: bool,
+    /// When the node will be overdue if nothing changes (RFC 3339): the earlier of its
+    /// stage's and its state's expectations. The page's script marks it then.
+    pub overdue_at: Option<String>,
 }
 
 impl StageView {
@@ -48,7 +51,8 @@ pub type WireStage<'a> = Option<(Stage, &'a str)>;
 /// seen on the wire (`kernel`, `installer_packages`, ...) against that stage's
 /// expected duration (`[stages] expected`); a node without one, or at rest, shows its
 /// lifecycle state since `state_since` against the state's `lifecycle.deadlines`
-/// entry (resting states have none).
+/// entry (resting states have none); so does a node past that deadline, whatever
+/// stage the wire saw last.
 pub fn stage_of(
     n: &NodeView,
     policy: &Policy,
@@ -60,27 +64,47 @@ pub fn stage_of(
         let t = parse_time(since).unwrap_or(now);
         (now - t).max(chrono::TimeDelta::zero())
     };
-    if let Some((stage, at)) = wire
-        && n.state.in_progress()
-    {
-        let exp = expected.get(&stage).copied();
-        return StageView {
-            name: stage.to_string(),
-            since: at.to_string(),
-            elapsed_s: elapsed(at).num_seconds(),
-            expected_s: exp.map(|d| d.as_secs()),
-            overdue: crate::stages::is_stuck(n.state, stage, at, exp, now),
-        };
-    }
+    let due = |since: &str, exp: Option<Duration>| {
+        let t = parse_time(since)?;
+        Some(t + chrono::TimeDelta::from_std(exp?).ok()?)
+    };
     let el = elapsed(&n.since);
     let exp = policy.deadline(n.state);
-    StageView {
+    let state_due = due(&n.since, exp);
+    let by_state = StageView {
         name: n.state.to_string(),
         since: n.since.clone(),
         elapsed_s: el.num_seconds(),
         expected_s: exp.map(|d| d.as_secs()),
         overdue: exp.is_some_and(|e| el.to_std().is_ok_and(|el| el > e)),
+        overdue_at: state_due.map(rfc3339),
+    };
+    // Past its state's deadline is the stronger signal: the lifecycle acts on it.
+    if by_state.overdue {
+        return by_state;
     }
+    match wire {
+        Some((stage, at)) if n.state.in_progress() => {
+            let exp = expected.get(&stage).copied();
+            let first = match (due(at, exp), state_due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            StageView {
+                name: stage.to_string(),
+                since: at.to_string(),
+                elapsed_s: elapsed(at).num_seconds(),
+                expected_s: exp.map(|d| d.as_secs()),
+                overdue: crate::stages::is_stuck(n.state, stage, at, exp, now),
+                overdue_at: first.map(rfc3339),
+            }
+        }
+        _ => by_state,
+    }
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// Why a node is failed or quarantined, in words: `<step>: <reason>`.
@@ -478,8 +502,13 @@ mod tests {
             (s.name.as_str(), s.elapsed_s, s.expected_s, s.overdue),
             ("kernel", 60, Some(120), false)
         );
+        assert_eq!(s.overdue_at.as_deref(), Some("2026-01-01T00:12:00.000Z"));
         let s = stage_of(&n, &policy(), wire, &expected, t("2026-01-01T00:12:01Z"));
         assert!(s.overdue, "{s:?}");
+        // Past the state's deadline the state shows, whatever the wire saw last.
+        let late = Some((Stage::Kernel, "2026-01-01T00:14:00.000Z"));
+        let s = stage_of(&n, &policy(), late, &expected, t("2026-01-01T00:15:01Z"));
+        assert_eq!((s.name.as_str(), s.overdue), ("netbooting", true));
         // Resting states have no expectation and are never overdue, whatever the wire
         // saw last.
         let n = node(State::Available, "2020-01-01T00:00:00.000Z", 1);

@@ -19,7 +19,9 @@ function tick() {
     const exp = td.dataset.expected ? Number(td.dataset.expected) : null;
     const span = td.querySelector(".elapsed");
     if (span) span.textContent = human(el) + (exp !== null ? " of " + human(exp) : "");
-    if (exp !== null && el > exp && !td.querySelector(".overdue-mark")) {
+    const due = td.dataset.overdueAt ? Date.parse(td.dataset.overdueAt) : NaN;
+    const over = (exp !== null && el > exp) || (!isNaN(due) && Date.now() > due);
+    if (over && !td.querySelector(".overdue-mark")) {
       const m = document.createElement("span");
       m.className = "overdue-mark";
       m.title = "in this stage longer than expected";
