@@ -489,6 +489,41 @@ async fn a_nodes_own_ssh_keys_reach_its_next_install() {
     assert!(events.contains("ssh_keys_set"), "{events}");
 }
 
+/// A machine that netboots into the installer a second time in one generation (a BMC
+/// that kept the override, an installer that reboots) is stopped at the second fetch,
+/// through the real HTTP server: the node fails with `boot_loop` and the script it gets
+/// boots the disk instead of the installer.
+#[tokio::test]
+async fn a_second_installer_fetch_stops_a_boot_loop() {
+    let h = Harness::new(&[], RecordingBmc::default()).await;
+    let mac = "52:54:00:aa:bb:0d";
+    let id = h.register(mac).await;
+    let (s, op) = h
+        .api(
+            reqwest::Method::POST,
+            &format!("/nodes/{id}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{op}");
+    h.wait_state(id, "netbooting").await;
+    let (_, first) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert!(first.contains("/cfg/"), "{first}");
+    assert_eq!(h.node(id).await["state"], "installing");
+    let (s, second) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert_eq!(s, 200);
+    assert!(!second.contains("/cfg/"), "the installer again:\n{second}");
+    let n = h.node(id).await;
+    assert_eq!(n["state"], "failed", "{n}");
+    let reason = n["failed_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("boot_loop:") && reason.contains("generation 1"),
+        "{reason}"
+    );
+    h.assert_metrics(&["pxed_boot_loops_total 1"]).await;
+}
+
 #[tokio::test]
 async fn reinstall_loop_installs_exactly_once() {
     let h = Harness::new(&[], RecordingBmc::default()).await;
