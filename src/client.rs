@@ -509,6 +509,7 @@ fn or_dash<T: std::fmt::Display>(v: &Option<T>) -> String {
 fn node_row(n: &NodeView) -> Vec<String> {
     vec![
         n.id.to_string(),
+        or_dash(&n.name),
         or_dash(&n.hostname),
         n.state.to_string(),
         n.since.clone(),
@@ -531,7 +532,7 @@ fn print_json(v: &impl serde::Serialize) {
 }
 
 const NODE_HEADERS: &[&str] = &[
-    "ID", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "FAILED",
+    "ID", "NAME", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "FAILED",
 ];
 
 /// `pxed report`.
@@ -628,6 +629,13 @@ fn fmt_ms(ms: u64) -> String {
 }
 
 fn print_stages(v: &crate::wire::StagesView) {
+    if v.stages.is_empty() {
+        println!(
+            "\nstages of generation {}: none seen on the wire",
+            v.generation
+        );
+        return;
+    }
     println!("\nstages of generation {}:", v.generation);
     if let Some(c) = &v.current {
         println!(
@@ -793,6 +801,12 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                         b.address,
                         b.username,
                         or_dash(&b.tls_pin)
+                    );
+                }
+                if !v.ssh_authorized_keys.is_empty() {
+                    println!(
+                        "\nSSH keys of its own: {} (pxed node ssh-keys {node})",
+                        v.ssh_authorized_keys.len()
                     );
                 }
                 let stages: crate::wire::StagesView = api

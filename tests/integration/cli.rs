@@ -54,6 +54,10 @@ fn node_commands_tables_and_json() {
         lines[1].contains("52:54:00:00:20:01,52:54:00:00:20:02"),
         "{out}"
     );
+    assert!(
+        lines[0].starts_with("ID  NAME") && lines[1].contains(" rack1-u1 "),
+        "{out}"
+    );
 
     let (ok, out, _) = pxed(&d, &["node", "list", "--json"], "tok");
     assert!(ok);
