@@ -438,7 +438,9 @@ async fn a_nodes_own_ssh_keys_reach_its_next_install() {
         .await;
     assert_eq!(s, 400, "{v}");
     assert!(v["detail"].as_str().unwrap().contains("one line"), "{v}");
-    let id = h.register(mac).await;
+    // Keys are read when the installer's config is rendered: set them once the node
+    // netbooted, before its installer asks for the kickstart.
+    let (id, token) = h.installing(mac).await;
     let path = format!("/nodes/{id}/ssh-keys");
     let (s, v) = h
         .api(
@@ -467,18 +469,6 @@ async fn a_nodes_own_ssh_keys_reach_its_next_install() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(h.node(id).await["ssh_authorized_keys"], json!([key]));
 
-    let (s, op) = h
-        .api(
-            reqwest::Method::POST,
-            &format!("/nodes/{id}/reinstall"),
-            Some(json!({"image": "rocky-9"})),
-            None,
-        )
-        .await;
-    assert_eq!(s, 202, "{op}");
-    h.wait_state(id, "netbooting").await;
-    let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
-    let token = token_from_script(&script);
     let (s, ks) = h.get_text(&format!("/cfg/{token}/kickstart")).await;
     assert_eq!(s, 200, "{ks}");
     assert!(
@@ -497,19 +487,7 @@ async fn a_nodes_own_ssh_keys_reach_its_next_install() {
 async fn a_second_installer_fetch_stops_a_boot_loop() {
     let h = Harness::new(&[], RecordingBmc::default()).await;
     let mac = "52:54:00:aa:bb:0d";
-    let id = h.register(mac).await;
-    let (s, op) = h
-        .api(
-            reqwest::Method::POST,
-            &format!("/nodes/{id}/reinstall"),
-            Some(json!({"image": "rocky-9"})),
-            None,
-        )
-        .await;
-    assert_eq!(s, 202, "{op}");
-    h.wait_state(id, "netbooting").await;
-    let (_, first) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
-    assert!(first.contains("/cfg/"), "{first}");
+    let (id, _) = h.installing(mac).await;
     assert_eq!(h.node(id).await["state"], "installing");
     let (s, second) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
     assert_eq!(s, 200);
