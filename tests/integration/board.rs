@@ -226,15 +226,7 @@ async fn the_board_in_a_real_browser() {
     .await;
     api.wait_state(&d, failing, "netbooting", Duration::from_secs(30))
         .await;
-    let script = api
-        .http
-        .get(d.url("/boot/52:54:00:77:00:01.ipxe"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let script = api.text(&d, "/boot/52:54:00:77:00:01.ipxe").await;
     let i = script.find("/cfg/").expect("installer served") + 5;
     let boot_token = script[i..].split('/').next().unwrap().to_string();
     api.wait_state(&d, failing, "installing", Duration::from_secs(10))

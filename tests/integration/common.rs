@@ -289,6 +289,13 @@ impl Api {
         (s, resp.json().await.unwrap_or(serde_json::Value::Null))
     }
 
+    /// The body of `GET path` as text (with the token): a page, a boot script,
+    /// `/metrics`.
+    pub async fn text(&self, d: &Daemon, path: &str) -> String {
+        let r = self.http.get(d.url(path)).bearer_auth(self.token);
+        r.send().await.unwrap().text().await.unwrap()
+    }
+
     pub async fn get(&self, d: &Daemon, path: &str) -> serde_json::Value {
         self.call(d, reqwest::Method::GET, path, None).await.1
     }

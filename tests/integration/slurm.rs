@@ -214,15 +214,7 @@ fn pxed(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Daemon {
 async fn play_the_node(api: &Api, d: &Daemon, id: i64) {
     api.wait_state(d, id, "netbooting", Duration::from_secs(90))
         .await;
-    let script = api
-        .http
-        .get(d.url(&format!("/boot/{MAC}.ipxe")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let script = api.text(d, &format!("/boot/{MAC}.ipxe")).await;
     let i = script.find("/cfg/").expect("an install script") + 5;
     let token = script[i..].split('/').next().unwrap().to_string();
     api.wait_state(d, id, "installing", Duration::from_secs(10))

@@ -35,15 +35,7 @@ impl Api {
             .await;
         assert_eq!(s, 202, "{v}");
         self.wait_state(d, id, "netbooting", WAIT).await;
-        let script = self
-            .http
-            .get(d.url(&format!("/boot/{MAC}.ipxe")))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let script = self.text(d, &format!("/boot/{MAC}.ipxe")).await;
         self.wait_state(d, id, "installing", WAIT).await;
         script
     }
@@ -59,15 +51,7 @@ impl Api {
     }
 
     async fn metric(&self, d: &Daemon, name: &str) -> u64 {
-        let text = self
-            .http
-            .get(d.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = self.text(d, "/metrics").await;
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name} ")))
             .and_then(|v| v.trim().parse().ok())
@@ -259,15 +243,7 @@ async fn installer_syslog_is_stored_shown_and_fails_the_install() {
         out.contains("anna[2143]: DEBUG: retrieving libgpg-error0-udeb"),
         "{out}"
     );
-    let page = api
-        .http
-        .get(d.url(&format!("/nodes/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = api.text(&d, &format!("/nodes/{id}")).await;
     assert!(
         page.contains("Menu item &#x27;partman-base&#x27; selected")
             || page.contains("Menu item &#39;partman-base&#39; selected"),
@@ -412,15 +388,7 @@ async fn malformed_and_unattributed_input_is_counted_and_the_receiver_lives_on()
         (api.metric(&d, "pxed_syslog_unattributed_total").await >= 2).then_some(())
     })
     .await;
-    let health = api
-        .http
-        .get(d.url("/healthz"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let health = api.text(&d, "/healthz").await;
     assert!(health.starts_with("ok"), "{health}");
     assert!(
         health.contains(&format!("syslog: listening on 127.0.0.1:{port}\n")),

@@ -296,16 +296,7 @@ async fn every_change_arrives_once_in_order_signed_across_a_restart() {
     failed_reinstall(&api, &d, a).await;
     // The gauge is refreshed by the pruner (after each queued event): poll it.
     let depth = async || {
-        let m = api
-            .http
-            .get(d.url("/metrics"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = api.text(&d, "/metrics").await;
         (metric(&m, "pxed_webhook_queue_depth{target=\"0\"}") >= 6.0).then_some(())
     };
     assert!(
@@ -321,16 +312,7 @@ async fn every_change_arrives_once_in_order_signed_across_a_restart() {
     // Nothing more than that comes (no duplicate from a retry or the restart).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(check_received(&r, &api, &d, &[a, b]).await, 12);
-    let m = api
-        .http
-        .get(d.url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = api.text(&d, "/metrics").await;
     assert!(
         metric(&m, "pxed_webhook_deliveries_total{result=\"delivered\"}") >= 6.0,
         "{m}"
