@@ -296,6 +296,22 @@ impl Api {
         r.send().await.unwrap().text().await.unwrap()
     }
 
+    /// The first-boot agent's two reports under its `agent` token, as the installed
+    /// system sends them: facts (with `hostname`), then a passing health check.
+    pub async fn first_boot_and_health(&self, d: &Daemon, agent: &str, hostname: &str) {
+        for (path, body) in [
+            (
+                "first-boot",
+                serde_json::json!({"hostname": hostname, "arch": "x86_64", "facts": {}}),
+            ),
+            ("health", serde_json::json!({"status": "pass"})),
+        ] {
+            let url = d.url(&format!("/cb/{agent}/{path}"));
+            let r = self.http.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{path}");
+        }
+    }
+
     pub async fn get(&self, d: &Daemon, path: &str) -> serde_json::Value {
         self.call(d, reqwest::Method::GET, path, None).await.1
     }

@@ -170,22 +170,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     // first_boot: killed; the agent's reports after the restart finish the job.
     let before = after;
     d = restart(d);
-    for (path, body) in [
-        (
-            "first-boot",
-            json!({"hostname": "node-123456", "arch": "x86_64", "facts": {}}),
-        ),
-        ("health", json!({"status": "pass"})),
-    ] {
-        let r = api
-            .http
-            .post(d.url(&format!("/cb/{agent}/{path}")))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "{path}");
-    }
+    api.first_boot_and_health(&d, &agent, "node-123456").await;
     let after = api
         .wait_state(&d, a, "available", Duration::from_secs(5))
         .await;

@@ -227,22 +227,7 @@ async fn play_the_node(api: &Api, d: &Daemon, id: i64) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    for (path, body) in [
-        (
-            "first-boot",
-            json!({"hostname": "node1", "arch": "x86_64", "facts": {}}),
-        ),
-        ("health", json!({"status": "pass"})),
-    ] {
-        let r = api
-            .http
-            .post(d.url(&format!("/cb/{agent}/{path}")))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "{path}");
-    }
+    api.first_boot_and_health(d, &agent, "node1").await;
 }
 
 /// A node's agent token, read from the running daemon's database (read-only).
