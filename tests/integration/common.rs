@@ -162,9 +162,11 @@ impl Daemon {
             .map(|s| s.split_whitespace().next().unwrap_or("").to_string())
     }
 
-    /// Waits for a log line containing `marker` and returns its `addr=` field.
+    /// Waits for a log line containing `marker` and returns its `addr=` field. The
+    /// bound is generous: with the whole suite (QEMU, Chromium, Slurm) on two cores a
+    /// debug build has been seen to take over 20 s to start.
     pub fn wait_log_addr(&mut self, marker: &str) -> String {
-        wait_for(marker, Duration::from_secs(20), || {
+        wait_for(marker, Duration::from_secs(60), || {
             if let Ok(Some(st)) = self.child.try_wait() {
                 panic!(
                     "pxed exited early: {st}\n{}",
