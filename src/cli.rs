@@ -35,6 +35,9 @@ enum Cmd {
     /// BMCs: what a BMC advertises and whether its credentials work.
     #[command(subcommand)]
     Bmc(crate::client::BmcCmd),
+    /// Hardware profiles: list them, and match a node's inventory against them.
+    #[command(subcommand)]
+    Profile(crate::client::ProfileCmd),
     /// Reinstalls over a period: count, p50/p95 duration, failures by stage, leftovers.
     Report(crate::client::ReportArgs),
     /// The deploy agent, run on the node inside the deploy ramdisk.
@@ -66,6 +69,9 @@ pub fn main() -> ExitCode {
     match cli.cmd {
         Cmd::CheckConfig(a) => match a.load() {
             Ok(c) => {
+                for o in crate::inventory::profile::overlaps(&c.profiles) {
+                    eprintln!("warning: profiles overlap: {o}");
+                }
                 match toml::to_string_pretty(&c) {
                     Ok(s) => print!("{s}"),
                     Err(e) => {
@@ -84,6 +90,7 @@ pub fn main() -> ExitCode {
         Cmd::Image(c) => crate::client::run_image(c),
         Cmd::Bmc(c) => crate::client::run_bmc(c),
         Cmd::Report(a) => crate::client::run_report(a),
+        Cmd::Profile(c) => crate::client::run_profile(c),
         Cmd::Agent(c) => crate::agent::run(c),
         Cmd::Serve(a) => {
             let cfg = match a.load() {

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+
+mod hw;
 use serde_json::Value;
 
 use crate::wire::{
@@ -115,6 +117,39 @@ pub enum NodeCmd {
     /// Wait until a node reaches a state (exit 0), or say why not: it went failed (3)
     /// or quarantined (4), with pxed's reason, or the timeout passed (5).
     Wait(WaitArgs),
+    /// A node's hardware inventory, its profile, and what changed since its baseline.
+    Inventory {
+        node: String,
+        /// That generation's (default: the newest reported).
+        #[arg(long)]
+        generation: Option<i64>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Accept a node's newest (or a given generation's) inventory as its baseline; a
+    /// node the acceptance gate quarantined returns to available.
+    AcceptInventory {
+        node: String,
+        #[arg(long)]
+        generation: Option<i64>,
+        /// Hold the node to this profile from now on.
+        #[arg(long, conflicts_with = "no_profile")]
+        profile: Option<String>,
+        /// Hold the node to no profile (only the baseline diff gates it).
+        #[arg(long)]
+        no_profile: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Nodes whose newest inventory has the hardware asked for.
+    Query(hw::QueryArgs),
+}
+
+pub use hw::ProfileCmd;
+
+/// Runs `pxed profile ...`.
+pub fn run_profile(cmd: ProfileCmd) -> ExitCode {
+    finish(rt().block_on(hw::profile(cmd)))
 }
 
 /// Exit codes of `pxed node wait` (1 is any other error; clap uses 2 for usage).
@@ -711,6 +746,19 @@ fn read_key_file(path: &Path) -> Result<Vec<String>, ClientError> {
 async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
     use reqwest::Method;
     match cmd {
+        NodeCmd::Inventory {
+            node,
+            generation,
+            api,
+        } => hw::node_inventory(&node, generation, &api).await?,
+        NodeCmd::AcceptInventory {
+            node,
+            generation,
+            profile,
+            no_profile,
+            api,
+        } => hw::accept(&node, generation, profile, no_profile, &api).await?,
+        NodeCmd::Query(q) => hw::query(q).await?,
         NodeCmd::SshKeys {
             node,
             set,
@@ -809,6 +857,10 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                         v.ssh_authorized_keys.len()
                     );
                 }
+                let inv: crate::http::hardware::NodeInventory = api
+                    .call(Method::GET, &format!("/nodes/{node}/inventory"), None, &[])
+                    .await?;
+                hw::print_hardware(&inv, false);
                 let stages: crate::wire::StagesView = api
                     .call(Method::GET, &format!("/nodes/{node}/stages"), None, &[])
                     .await?;

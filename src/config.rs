@@ -97,6 +97,9 @@ pub struct Wire {
     pub syslog: Option<SyslogWire>,
     pub webhooks: Option<WebhooksWire>,
     pub stages: Option<StagesWire>,
+    /// `[[profiles]]`: hardware classes every reinstall is checked against
+    /// (`crate::inventory::profile`). Config file only.
+    pub profiles: Option<Vec<crate::inventory::profile::Profile>>,
 }
 
 /// `[webhooks]`: outgoing webhooks on node state changes (issue 12).
@@ -468,6 +471,7 @@ pub struct Config {
     pub syslog: SyslogSettings,
     pub webhooks: WebhookSettings,
     pub stages: StagesSettings,
+    pub profiles: Vec<crate::inventory::profile::Profile>,
 }
 
 /// Validated `[webhooks]`.
@@ -1383,6 +1387,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         ));
     }
     let webhooks = validate_webhooks(w.webhooks.unwrap_or_default())?;
+    let profiles = validate_profiles(w.profiles.unwrap_or_default())?;
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
     Ok(Config {
         interfaces,
@@ -1423,7 +1428,52 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         syslog,
         webhooks,
         stages,
+        profiles,
     })
+}
+
+/// Most profiles in one config; each is checked against every inventory.
+const MAX_PROFILES: usize = 256;
+
+fn validate_profiles(
+    ps: Vec<crate::inventory::profile::Profile>,
+) -> Result<Vec<crate::inventory::profile::Profile>, ConfigError> {
+    if ps.len() > MAX_PROFILES {
+        return Err(invalid(
+            "profiles",
+            format!("{} profiles; at most {MAX_PROFILES}", ps.len()),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &ps {
+        let ok = !p.name.is_empty()
+            && p.name.len() <= 64
+            && p.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !ok {
+            return Err(invalid(
+                "profiles",
+                format!("name {:?}: 1-64 letters, digits, '-', '_' or '.'", p.name),
+            ));
+        }
+        if !seen.insert(p.name.as_str()) {
+            return Err(invalid("profiles", format!("{} is defined twice", p.name)));
+        }
+        let mut checks = std::collections::BTreeSet::new();
+        for h in &p.health {
+            if let Some(why) = h.problem() {
+                return Err(invalid("profiles", format!("{}: {why}", p.name)));
+            }
+            if !checks.insert(h.name.as_str()) {
+                return Err(invalid(
+                    "profiles",
+                    format!("{}: health check {} is defined twice", p.name, h.name),
+                ));
+            }
+        }
+    }
+    Ok(ps)
 }
 
 fn validate_webhooks(w: WebhooksWire) -> Result<WebhookSettings, ConfigError> {
@@ -2106,6 +2156,7 @@ secret_file = "{}"
             "dhcp.reservations",
             "dhcp.relay_subnets",
             "webhooks.targets",
+            "profiles",
         ];
 
         /// A map key for `*`: a state, a MAC or anything.

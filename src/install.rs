@@ -51,6 +51,9 @@ pub struct InstallContext<'a> {
     /// whose kernel command line cannot name one (subiquity's live session forwards
     /// its rsyslog there).
     pub syslog: Option<String>,
+    /// The node's profile's health checks, run by the first-boot agent beside its own
+    /// (checked by `HealthCheck::problem` when the config was loaded).
+    pub health_checks: Vec<crate::inventory::profile::HealthCheck>,
 }
 
 impl<'a> InstallContext<'a> {
@@ -87,6 +90,7 @@ impl<'a> InstallContext<'a> {
             timezone: "UTC".into(),
             ntp_servers: Vec::new(),
             syslog: None,
+            health_checks: Vec::new(),
         })
     }
 }
@@ -139,6 +143,32 @@ KbdInteractiveAuthentication no
 struct AgentScript<'a> {
     hostname: &'a str,
     agent_base: &'a str,
+    /// One `run_check NAME TIMEOUT EXIT 'OUTPUT' 'COMMAND'` line per profile check,
+    /// every operand shell-quoted.
+    checks: Vec<String>,
+}
+
+/// `s` as one shell word: single-quoted, with each `'` written as `'\''`.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// The script line that runs one profile health check.
+fn check_line(c: &crate::inventory::profile::HealthCheck) -> Result<String, InstallError> {
+    if c.problem().is_some() {
+        return Err(invalid(
+            "health_checks",
+            "a profile health check is not shippable",
+        ));
+    }
+    Ok(format!(
+        "run_check {} {} {} {} {}",
+        shell_quote(&c.name),
+        c.timeout_secs,
+        c.exit,
+        shell_quote(c.output.as_deref().unwrap_or("")),
+        shell_quote(&c.command)
+    ))
 }
 
 #[derive(Template)]
@@ -152,6 +182,11 @@ pub fn firstboot_files(ctx: &InstallContext<'_>) -> Result<FirstBootFiles, Insta
     let script = AgentScript {
         hostname: &ctx.hostname,
         agent_base: &ctx.agent_base,
+        checks: ctx
+            .health_checks
+            .iter()
+            .map(check_line)
+            .collect::<Result<_, _>>()?,
     }
     .render()?;
     let unit = AgentUnit.render()?;

@@ -14,6 +14,7 @@ pub mod config;
 pub mod credential;
 pub mod dhcp;
 pub(crate) mod discovery;
+pub mod hardware;
 pub(crate) mod hostname;
 pub mod http;
 pub mod images;

@@ -150,6 +150,27 @@ macro_rules! text {
 }
 
 names! {
+    /// Who reported a hardware inventory (`node_inventory.source`).
+    pub enum InventorySource ("inventory source") {
+        /// The BMC, over Redfish, before the machine boots.
+        Redfish => "redfish",
+        /// The BMC's IPMI FRU data, where that is all there is.
+        Ipmi => "ipmi",
+        /// The deploy agent in pxed's ramdisk, before it writes the image.
+        Deploy => "deploy",
+        /// The first-boot agent of the installed system.
+        FirstBoot => "first_boot",
+    }
+}
+
+impl InventorySource {
+    /// Whether the machine's own OS saw the hardware (PCI links, NUMA, NICs by MAC).
+    pub fn in_band(self) -> bool {
+        matches!(self, InventorySource::Deploy | InventorySource::FirstBoot)
+    }
+}
+
+names! {
     /// A node's lifecycle state, stored as TEXT in `nodes.state`.
     pub enum State ("state") {
         /// Seen on the wire (DHCP/iPXE), not yet accepted by an operator.

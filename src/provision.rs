@@ -317,6 +317,11 @@ async fn context<'a>(
     )?;
     ctx.ntp_servers = st.cfg.ntp_servers.clone();
     ctx.syslog = syslog_target(st, base);
+    if let Some(p) = st.store.hardware(node.id).await?.profile
+        && let Some(p) = st.cfg.profiles.iter().find(|x| x.name == p)
+    {
+        ctx.health_checks = p.health.clone();
+    }
     let own = st.store.node_ssh_keys(node.id).await?;
     ctx.ssh_authorized_keys = authorized_keys(&st.cfg.ssh_authorized_keys, &img.def, &own);
     Ok(ctx)

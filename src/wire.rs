@@ -64,6 +64,10 @@ pub struct FirstBootReport {
     /// Hardware facts.
     #[serde(default)]
     pub facts: Facts,
+    /// The hardware inventory as the installed system sees it (PCI functions with
+    /// their links, NICs), for the acceptance gate; `None` from an older agent.
+    #[serde(default)]
+    pub inventory: Option<crate::inventory::Inventory>,
 }
 
 /// Outcome of the agent's health check.
@@ -254,6 +258,13 @@ pub struct AgentFacts {
     pub disks: Vec<DiskFact>,
     /// Ethernet interfaces.
     pub nics: Vec<NicFact>,
+    /// The whole hardware inventory (PCI functions and links, NUMA, firmware), for
+    /// the acceptance gate. `None` from an agent older than issue 13.
+    #[serde(default)]
+    pub inventory: Option<crate::inventory::Inventory>,
+    /// How long collecting `inventory` took, in milliseconds.
+    #[serde(default)]
+    pub inventory_ms: Option<u64>,
 }
 
 /// `POST /cb/{token}/deploy/progress`.

@@ -30,6 +30,7 @@ pub fn collect(root: &Path) -> AgentFacts {
         product: read_trim(&sys.join("class/dmi/id/product_name")).unwrap_or_default(),
         disks: disks(&sys),
         nics: nics(&sys),
+        ..AgentFacts::default()
     }
 }
 

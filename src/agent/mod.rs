@@ -502,7 +502,14 @@ async fn run_plan(
 
     // Facts.
     let root = a.sysroot.clone();
-    let facts: AgentFacts = blocking(move || facts::collect(&root)).await;
+    let facts: AgentFacts = blocking(move || {
+        let mut f = facts::collect(&root);
+        let started = std::time::Instant::now();
+        f.inventory = Some(facts::inventory(&root));
+        f.inventory_ms = Some(started.elapsed().as_millis() as u64);
+        f
+    })
+    .await;
     say(
         Facts,
         format!(

@@ -28,6 +28,7 @@ use super::error::{ApiError, JsonBody};
 use crate::credential::{self, Kind, Refusal};
 use crate::images::Arch;
 use crate::lifecycle::transition::Event;
+use crate::model::InventorySource;
 use crate::state::AppState;
 use crate::store::nodes::NodeRow;
 use crate::wire::{
@@ -42,11 +43,21 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/cb/{token}/failure", post(failed))
         .route("/cb/{token}/events", post(events))
         .route("/cb/{token}/deploy", get(deploy_plan))
-        .route("/cb/{token}/deploy/facts", post(deploy_facts))
+        // A GPU server lists hundreds of PCI functions: the inventory outgrows MAX_BODY.
+        .route(
+            "/cb/{token}/deploy/facts",
+            post(deploy_facts).layer(axum::extract::DefaultBodyLimit::max(MAX_INVENTORY_BODY)),
+        )
         .route("/cb/{token}/deploy/progress", post(deploy_progress))
-        .route("/cb/{token}/first-boot", post(first_boot))
+        .route(
+            "/cb/{token}/first-boot",
+            post(first_boot).layer(axum::extract::DefaultBodyLimit::max(MAX_INVENTORY_BODY)),
+        )
         .route("/cb/{token}/health", post(health))
 }
+
+/// Largest facts or first-boot report (with its hardware inventory) taken.
+const MAX_INVENTORY_BODY: usize = 2 << 20;
 
 /// The node that holds `token` now, if `wanted` is the kind of credential it is and
 /// the request comes from where that credential may be used. An unknown token (another
@@ -183,6 +194,18 @@ async fn first_boot(
     if let Some(a) = arch {
         st.store.set_arch(n.id, a).await?;
     }
+    // Only while the node awaits this report: a late repeat must not replace what the
+    // gate already judged.
+    if let Some(inv) = &r.inventory
+        && matches!(
+            n.state,
+            crate::model::State::FirstBoot | crate::model::State::Installing
+        )
+    {
+        st.store
+            .put_inventory(n.id, n.generation, InventorySource::FirstBoot, None, inv)
+            .await?;
+    }
     apply_cb(
         &st,
         &n,
@@ -204,6 +227,21 @@ async fn health(
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, conn, "health", Kind::Agent).await?;
     let event = match r.status {
+        // Healthy: the acceptance gate decides whether it is still the machine it was
+        // (only once, while the node awaits this report; a repeat gets the usual answer).
+        HealthStatus::Pass if n.state == crate::model::State::FirstBoot => {
+            match crate::hardware::check(&st.store, &st.cfg.profiles, n.id, n.generation, n.state)
+                .await?
+            {
+                Some(v) if !v.passed() => Event::InventoryRejected {
+                    generation: n.generation,
+                    reason: bounded(&v.reason(), 4000),
+                },
+                _ => Event::HealthPassed {
+                    generation: n.generation,
+                },
+            }
+        }
         HealthStatus::Pass => Event::HealthPassed {
             generation: n.generation,
         },
@@ -348,6 +386,28 @@ async fn deploy_facts(
             &bounded(&detail, 2000),
         )
         .await?;
+    if let Some(inv) = &f.inventory {
+        let took = f.inventory_ms.map(|ms| ms.min(i64::MAX as u64) as i64);
+        st.store
+            .put_inventory(n.id, n.generation, InventorySource::Deploy, took, inv)
+            .await?;
+        let summary = format!(
+            "{} PCI functions, {} GPUs/accelerators, {} NICs, {} disks, {} firmware              components{}",
+            inv.pci.len(),
+            inv.pci
+                .iter()
+                .filter(|d| d.is_accelerator())
+                .count()
+                .max(inv.gpus.len()),
+            inv.nics.len(),
+            inv.disks.len(),
+            inv.firmware.len(),
+            took.map_or_else(String::new, |ms| format!("; collected in {ms} ms")),
+        );
+        st.store
+            .note(n.id, n.generation, n.state, "inventory", "agent", &summary)
+            .await?;
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

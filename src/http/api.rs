@@ -36,6 +36,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/nodes/{id}/bmc/check", post(bmc_check))
         .route("/nodes/{id}/bmc/power-cycle", post(bmc_power_cycle))
         .route("/nodes/{id}/labels", get(get_labels).put(put_labels))
+        .merge(super::hardware::routes())
         .route("/images", get(list_images))
         .route("/leftovers", get(super::leftovers::list))
         .route(
@@ -252,7 +253,7 @@ async fn list_nodes(
     Ok(resp)
 }
 
-async fn find(st: &AppState, reference: &str) -> Result<NodeRow, ApiError> {
+pub(super) async fn find(st: &AppState, reference: &str) -> Result<NodeRow, ApiError> {
     st.store
         .find_node(reference)
         .await?

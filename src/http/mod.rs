@@ -22,6 +22,7 @@ pub mod agent;
 pub mod api;
 pub mod board;
 pub mod error;
+pub mod hardware;
 pub mod leftovers;
 pub mod log;
 pub mod status;

@@ -6,6 +6,7 @@
 //! keyed by what stays put across reinstalls (PCI address, MAC, disk serial), so a
 //! diff names the device that went away or changed, not a position in a list.
 
+pub mod gate;
 pub mod profile;
 
 use std::collections::BTreeMap;
@@ -194,6 +195,11 @@ pub struct Change {
     /// Before and after, for `changed` (and the one side for added/removed).
     pub before: String,
     pub after: String,
+    /// The machine lost something: a device went away, a link, a speed, a size or a
+    /// count went down, a device changed identity. What gates a reinstall; an added
+    /// device, a new firmware version or a swapped GPU serial is reported, not gated.
+    #[serde(default)]
+    pub degraded: bool,
 }
 
 /// Kinds of [`Change`].
@@ -221,18 +227,20 @@ impl fmt::Display for Change {
     }
 }
 
-fn opt<T: fmt::Display>(v: &Option<T>) -> String {
-    v.as_ref().map_or_else(|| "-".into(), T::to_string)
-}
-
 /// Adds a `changed` entry when `before != after`.
 fn field(out: &mut Vec<Change>, what: String, before: String, after: String) {
+    worse(out, what, before, after, false);
+}
+
+/// [`field`] for a change that is a loss when `degraded`.
+fn worse(out: &mut Vec<Change>, what: String, before: String, after: String, degraded: bool) {
     if before != after {
         out.push(Change {
             what,
             kind: ChangeKind::Changed,
             before,
             after,
+            degraded,
         });
     }
 }
@@ -257,6 +265,7 @@ fn keyed<'a, T>(
                 kind: ChangeKind::Removed,
                 before: show(o),
                 after: String::new(),
+                degraded: true,
             }),
             Some(n) => both(out, what, o, n),
         }
@@ -268,9 +277,32 @@ fn keyed<'a, T>(
                 kind: ChangeKind::Added,
                 before: String::new(),
                 after: show(n),
+                degraded: false,
             });
         }
     }
+}
+
+/// `in_band` (what the machine's OS saw) completed with what only the BMC reported:
+/// system identity the OS left empty, and firmware components the OS cannot read
+/// (BMC, NIC, GPU firmware as `UpdateService` lists them). The OS's own values win.
+pub fn merge_out_of_band(in_band: &Inventory, oob: &Inventory) -> Inventory {
+    let mut m = in_band.clone();
+    let fill = |a: &mut String, b: &String| {
+        if a.is_empty() {
+            a.clone_from(b);
+        }
+    };
+    fill(&mut m.system.vendor, &oob.system.vendor);
+    fill(&mut m.system.model, &oob.system.model);
+    fill(&mut m.system.serial, &oob.system.serial);
+    if m.arch.is_none() {
+        m.arch = oob.arch;
+    }
+    for (k, v) in &oob.firmware {
+        m.firmware.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    m
 }
 
 /// What changed from `old` (the baseline) to `new`: devices by their stable keys,
@@ -281,27 +313,30 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
     let mut out = Vec::new();
     let known = |a: u64, b: u64| a != 0 && b != 0;
     if known(old.memory_mib, new.memory_mib) {
-        field(
+        worse(
             &mut out,
             "memory".into(),
             format!("{} MiB", old.memory_mib),
             format!("{} MiB", new.memory_mib),
+            new.memory_mib < old.memory_mib,
         );
     }
     if known(old.cpu.cores.into(), new.cpu.cores.into()) {
-        field(
+        worse(
             &mut out,
             "cpu cores".into(),
             old.cpu.cores.to_string(),
             new.cpu.cores.to_string(),
+            new.cpu.cores < old.cpu.cores,
         );
     }
     if known(old.numa_nodes.into(), new.numa_nodes.into()) {
-        field(
+        worse(
             &mut out,
             "numa nodes".into(),
             old.numa_nodes.to_string(),
             new.numa_nodes.to_string(),
+            new.numa_nodes < old.numa_nodes,
         );
     }
     if !old.pci.is_empty() && !new.pci.is_empty() {
@@ -315,10 +350,23 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
             |out, what, o, n| {
                 let what = format!("{what} ({})", n.identifier());
                 if (o.vendor_id, o.device_id) != (n.vendor_id, n.device_id) {
-                    field(out, format!("{what} id"), o.identifier(), n.identifier());
+                    worse(
+                        out,
+                        format!("{what} id"),
+                        o.identifier(),
+                        n.identifier(),
+                        true,
+                    );
                 }
-                if o.link.is_some() && n.link.is_some() {
-                    field(out, format!("{what} link"), opt(&o.link), opt(&n.link));
+                if let (Some(ol), Some(nl)) = (o.link, n.link) {
+                    let narrower = nl.width < ol.width || nl.speed_gts < ol.speed_gts;
+                    worse(
+                        out,
+                        format!("{what} link"),
+                        ol.to_string(),
+                        nl.to_string(),
+                        narrower,
+                    );
                 }
             },
         );
@@ -336,12 +384,13 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
                 if !o.uuid.is_empty() && !n.uuid.is_empty() {
                     field(out, format!("{what} uuid"), o.uuid.clone(), n.uuid.clone());
                 }
-                if o.nvlinks.is_some() && n.nvlinks.is_some() {
-                    field(
+                if let (Some(ol), Some(nl)) = (o.nvlinks, n.nvlinks) {
+                    worse(
                         out,
                         format!("{what} nvlinks"),
-                        opt(&o.nvlinks),
-                        opt(&n.nvlinks),
+                        ol.to_string(),
+                        nl.to_string(),
+                        nl < ol,
                     );
                 }
             },
@@ -356,12 +405,13 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
             |n| n.mac.clone(),
             |n| format!("{} {}", n.name, n.driver),
             |out, what, o, n| {
-                if o.speed_mbps.is_some() && n.speed_mbps.is_some() {
-                    field(
+                if let (Some(os), Some(ns)) = (o.speed_mbps, n.speed_mbps) {
+                    worse(
                         out,
                         format!("{what} speed"),
-                        format!("{} Mb/s", opt(&o.speed_mbps)),
-                        format!("{} Mb/s", opt(&n.speed_mbps)),
+                        format!("{os} Mb/s"),
+                        format!("{ns} Mb/s"),
+                        ns < os,
                     );
                 }
             },
@@ -382,11 +432,12 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
             },
             |d| format!("{} {} bytes", d.model, d.size_bytes),
             |out, what, o, n| {
-                field(
+                worse(
                     out,
                     format!("{what} size"),
                     o.size_bytes.to_string(),
                     n.size_bytes.to_string(),
+                    true,
                 );
             },
         );
@@ -449,6 +500,16 @@ mod tests {
                 "firmware bios changed: 1.4.2 -> 1.5.0",
             ]
         );
+        // The removal and the narrower link are losses; a firmware update is not.
+        let losses: Vec<bool> = diff(&old, &new).iter().map(|c| c.degraded).collect();
+        assert_eq!(losses, [true, true, false]);
+        // A wider link and an added device are not losses either.
+        let (narrow, wide) = (new.clone(), old.clone());
+        assert!(
+            diff(&narrow, &wide).iter().all(|c| !c.degraded),
+            "{:?}",
+            diff(&narrow, &wide)
+        );
     }
 
     #[test]
@@ -474,6 +535,34 @@ mod tests {
             serde_json::from_str(r#"{"vendor_id": 4318, "device_id": "0x2330"}"#).unwrap();
         assert_eq!((n.vendor_id, n.device_id), (0x10de, 0x2330));
         assert!(serde_json::from_str::<PciDevice>(r#"{"vendor_id": "10000"}"#).is_err());
+    }
+
+    #[test]
+    fn out_of_band_fills_only_what_the_os_did_not_see() {
+        let os = Inventory {
+            system: System {
+                model: "OS model".into(),
+                ..System::default()
+            },
+            firmware: BTreeMap::from([("bios".into(), "1.0".into())]),
+            ..Inventory::default()
+        };
+        let bmc = Inventory {
+            system: System {
+                model: "BMC model".into(),
+                serial: "SN1".into(),
+                ..System::default()
+            },
+            firmware: BTreeMap::from([("bios".into(), "0.9".into()), ("bmc".into(), "2.3".into())]),
+            ..Inventory::default()
+        };
+        let m = merge_out_of_band(&os, &bmc);
+        assert_eq!(
+            (m.system.model.as_str(), m.system.serial.as_str()),
+            ("OS model", "SN1")
+        );
+        assert_eq!(m.firmware["bios"], "1.0");
+        assert_eq!(m.firmware["bmc"], "2.3");
     }
 
     #[test]

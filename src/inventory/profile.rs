@@ -131,6 +131,11 @@ const GLOB: glob::MatchOptions = glob::MatchOptions {
 };
 
 impl Glob {
+    /// `*`: every identifier.
+    pub fn any() -> Glob {
+        Glob(glob::Pattern::new("*").expect("literal pattern"))
+    }
+
     pub fn matches(&self, s: &str) -> bool {
         self.0.matches_with(s, GLOB)
     }
@@ -295,6 +300,98 @@ pub struct Profile {
     /// Each GPU has at least this many active NVLinks.
     #[serde(default)]
     pub nvlinks_per_gpu: Option<u32>,
+    /// Checks the first-boot agent runs on machines of this profile, beside its own;
+    /// one that fails fails the node's health, and the node does not return to the pool.
+    #[serde(default)]
+    pub health: Vec<HealthCheck>,
+}
+
+/// One profile health check: `command` run by `/bin/sh -c` on the installed system,
+/// as root, at first boot. It passes when it exits with `exit` (default 0) within
+/// `timeout_secs` (default 60) and, when `output` is set, its standard output
+/// contains that text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    pub name: String,
+    pub command: String,
+    #[serde(default = "HealthCheck::default_timeout")]
+    pub timeout_secs: u32,
+    #[serde(default)]
+    pub exit: i32,
+    #[serde(default)]
+    pub output: Option<String>,
+}
+
+impl HealthCheck {
+    fn default_timeout() -> u32 {
+        60
+    }
+
+    /// Why the check cannot be shipped to a machine: it lands in a shell script, so
+    /// one line each, bounded, and a name that is a plain word.
+    pub fn problem(&self) -> Option<String> {
+        let bad_text = |s: &str| s.is_empty() || s.len() > 2048 || s.chars().any(char::is_control);
+        if self.name.is_empty()
+            || self.name.len() > 32
+            || !self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+        {
+            return Some(format!(
+                "health check name {:?}: 1-32 letters, digits, - or _",
+                self.name
+            ));
+        }
+        if bad_text(&self.command) {
+            return Some(format!(
+                "health check {}: command must be one line of 1-2048 characters",
+                self.name
+            ));
+        }
+        if self.output.as_deref().is_some_and(bad_text) {
+            return Some(format!(
+                "health check {}: output must be one line of 1-2048 characters",
+                self.name
+            ));
+        }
+        if !(1..=3600).contains(&self.timeout_secs) {
+            return Some(format!(
+                "health check {}: timeout_secs must be 1-3600",
+                self.name
+            ));
+        }
+        if !(0..=255).contains(&self.exit) {
+            return Some(format!("health check {}: exit must be 0-255", self.name));
+        }
+        None
+    }
+}
+
+impl Profile {
+    /// A profile with no rules (every machine matches it).
+    pub fn named(name: &str) -> Profile {
+        Profile {
+            name: name.to_string(),
+            arch: None,
+            cpu_cores: None,
+            memory_gib: None,
+            gpus: Vec::new(),
+            nics: Vec::new(),
+            disks: None,
+            firmware: BTreeMap::new(),
+            gpu_nic_numa_local: false,
+            nvlinks_per_gpu: None,
+            health: Vec::new(),
+        }
+    }
+}
+
+/// How many GPUs or accelerators the inventory shows (the vendor tool's list where it
+/// ran, else accelerator-class PCI functions).
+pub fn accelerator_count(inv: &Inventory) -> usize {
+    accelerators(inv).len()
 }
 
 /// A rule a machine did not meet, and why.

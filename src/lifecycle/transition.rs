@@ -293,6 +293,10 @@ pub enum Event {
     HealthPassed { generation: i64 },
     /// Callback `health`: fail.
     HealthFailed { generation: i64, detail: String },
+    /// Callback `health` passed, but the hardware the agents reported in this generation
+    /// fails the acceptance gate ([`crate::inventory::gate`]): `reason` names the failed
+    /// profile rules and what was lost since the baseline.
+    InventoryRejected { generation: i64, reason: String },
     /// The deadline armed by [`Effect::ArmDeadline`] with these fields fired.
     DeadlineExpired {
         state: State,
@@ -326,6 +330,7 @@ impl Event {
             Event::FirstBootReported { .. } => "first_boot_reported",
             Event::HealthPassed { .. } => "health_passed",
             Event::HealthFailed { .. } => "health_failed",
+            Event::InventoryRejected { .. } => "inventory_rejected",
             Event::DeadlineExpired { .. } => "deadline_expired",
             Event::Quarantined { .. } => "quarantined",
             Event::Restored => "restored",
@@ -345,6 +350,7 @@ impl Event {
             } => Some(format!("{step} (attempt {attempt}): {reason}")),
             Event::FirstBootReported { hostname, .. } => Some(format!("hostname {hostname}")),
             Event::HealthFailed { detail, .. } => Some(detail.clone()),
+            Event::InventoryRejected { reason, .. } => Some(reason.clone()),
             Event::InstallFailed { stage, reason, .. } => Some(format!("{stage}: {reason}")),
             Event::DeadlineExpired { state, attempt, .. } => {
                 Some(format!("{state} (attempt {attempt})"))
@@ -378,7 +384,8 @@ impl Event {
             | Event::InstallFailed { generation, .. }
             | Event::FirstBootReported { generation, .. }
             | Event::HealthPassed { generation }
-            | Event::HealthFailed { generation, .. } => Some(*generation),
+            | Event::HealthFailed { generation, .. }
+            | Event::InventoryRejected { generation, .. } => Some(*generation),
             Event::Enrolled
             | Event::Allocated
             | Event::Released
@@ -1113,6 +1120,19 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             Step::Stage(S::FirstBoot),
             detail.clone(),
         )),
+        // Healthy but not the machine it was: held out of the pool, not failed, so a
+        // reinstall cannot put it back by accident; an operator re-baselines or repairs.
+        (S::FirstBoot, E::InventoryRejected { reason, .. }) => {
+            if !node.first_boot_reported {
+                return Err(TransitionError::FirstBootNotReported);
+            }
+            let mut next = rest_node(node, S::Quarantined);
+            next.failure = Some(Failure {
+                step: Step::Stage(S::FirstBoot),
+                reason: reason.clone(),
+            });
+            Ok(changed(node, next, policy, Duration::ZERO, vec![], None))
+        }
         (
             S::Discovered
             | S::Available
@@ -1122,7 +1142,7 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
             | S::Installing
             | S::Failed
             | S::Quarantined,
-            E::HealthPassed { .. } | E::HealthFailed { .. },
+            E::HealthPassed { .. } | E::HealthFailed { .. } | E::InventoryRejected { .. },
         ) => not_allowed(),
 
         (
@@ -1394,6 +1414,10 @@ mod tests {
                 generation,
                 detail: "disk smart failed".into(),
             },
+            Event::InventoryRejected {
+                generation,
+                reason: "inventory: lost: pci 0000:18:00.0 removed".into(),
+            },
             Event::DeadlineExpired {
                 state: n.state,
                 generation,
@@ -1432,6 +1456,7 @@ mod tests {
             Event::InstallFailed { .. } => 16,
             Event::NetbootObserved { .. } => 17,
             Event::NetbootNotObserved { .. } => 18,
+            Event::InventoryRejected { .. } => 19,
         }
     }
 
@@ -1481,6 +1506,7 @@ mod tests {
             (S::Installing, "first_boot_reported") => To(S::FirstBoot, ARM),
             (S::FirstBoot, "health_passed") => To(S::Available, CLEAR),
             (S::FirstBoot, "health_failed") => To(S::Failed, CLEAR),
+            (S::FirstBoot, "inventory_rejected") => To(S::Quarantined, CLEAR),
             (S::Reclaiming | S::Netbooting | S::Installing, "deadline_expired") => {
                 To(S::Reclaiming, RECLAIM)
             }
@@ -1507,7 +1533,7 @@ mod tests {
             seen.sort_unstable();
             assert_eq!(
                 seen,
-                (0..19).collect::<Vec<_>>(),
+                (0..20).collect::<Vec<_>>(),
                 "one event of each variant"
             );
             for event in &events {
@@ -1555,8 +1581,8 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cells, 9 * 19);
-        assert_eq!(allowed, 41, "allowed cells");
+        assert_eq!(cells, 9 * 20);
+        assert_eq!(allowed, 42, "allowed cells");
     }
 
     /// Apply an event that must change the node; return the new record and effects.

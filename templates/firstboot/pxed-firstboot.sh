@@ -15,6 +15,12 @@
 #   units  no systemd unit is in the failed state (is-system-running would say
 #          "starting" while this unit itself runs, so failed units are counted)
 #   name   the hostname is the one pxed assigned
+# plus the checks of the node's hardware profile (pxed config `[[profiles]] health`),
+# each a command with a timeout, an exit status and text its output must contain.
+#
+# The first-boot report carries the machine's inventory as this system sees it (PCI
+# functions with their PCIe links and NUMA nodes, NICs, CPU, memory) from sysfs, for
+# pxed's acceptance gate.
 set -u
 
 CB='{{ agent_base }}'
@@ -62,10 +68,88 @@ post() {
     done
 }
 
+# A sysfs value with its 0x dropped, or the empty string.
+sysval() {
+    v=$(cat "$1" 2>/dev/null) || v=
+    printf '%s' "${v#0x}"
+}
+
+# A PCIe link from sysfs (`8.0 GT/s PCIe` and `16`), or null.
+link_json() {
+    speed=$(awk '{ print $1 + 0 }' "$1/$2_link_speed" 2>/dev/null)
+    width=$(cat "$1/$2_link_width" 2>/dev/null)
+    case "$speed:$width" in
+        *[!0-9.:]*|:*|*:|0:*|*:0) printf 'null' ;;
+        *) printf '{"speed_gts":%s,"width":%s}' "$speed" "$width" ;;
+    esac
+}
+
+# A NUMA node number, or null (-1: the platform does not say).
+numa_json() {
+    n=$(cat "$1" 2>/dev/null) || n=-1
+    case "$n" in
+        ''|-*|*[!0-9]*) printf 'null' ;;
+        *) printf '%s' "$n" ;;
+    esac
+}
+
+# Every PCI function: address, IDs, class, NUMA node, current and maximum link.
+pci_json() {
+    sep=
+    printf '['
+    for d in /sys/bus/pci/devices/*; do
+        [ -e "$d/vendor" ] || continue
+        printf '%s{"address":%s,"class":%s,"vendor_id":%s,"device_id":%s,"subsystem_vendor_id":%s,"subsystem_device_id":%s,"numa_node":%s,"link":%s,"max_link":%s}' \
+            "$sep" "$(json_str "${d##*/}")" "$(json_str "$(sysval "$d/class")")" \
+            "$(json_str "$(sysval "$d/vendor")")" "$(json_str "$(sysval "$d/device")")" \
+            "$(json_str "$(sysval "$d/subsystem_vendor")")" \
+            "$(json_str "$(sysval "$d/subsystem_device")")" \
+            "$(numa_json "$d/numa_node")" "$(link_json "$d" current)" "$(link_json "$d" max)"
+        sep=,
+    done
+    printf ']'
+}
+
+# Physical NICs (those with a device): name, MAC, driver, speed, link, PCI address.
+nics_json() {
+    sep=
+    printf '['
+    for n in /sys/class/net/*; do
+        [ -e "$n/device" ] || continue
+        speed=$(cat "$n/speed" 2>/dev/null) || speed=
+        case "$speed" in ''|-*|*[!0-9]*) speed=null ;; esac
+        dev=$(readlink -f "$n/device")
+        printf '%s{"name":%s,"mac":%s,"driver":%s,"speed_mbps":%s,"link_up":%s,"pci_address":%s,"numa_node":%s}' \
+            "$sep" "$(json_str "${n##*/}")" "$(json_str "$(cat "$n/address" 2>/dev/null)")" \
+            "$(json_str "$(basename "$(readlink -f "$n/device/driver" 2>/dev/null)" 2>/dev/null)")" \
+            "$speed" "$([ "$(cat "$n/operstate" 2>/dev/null)" = up ] && echo true || echo false)" \
+            "$(json_str "${dev##*/}")" "$(numa_json "$n/device/numa_node")"
+        sep=,
+    done
+    printf ']'
+}
+
+inventory_json() {
+    nodes=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | grep -c .)
+    printf '{"arch":%s,"cpu":{"model":%s,"cores":%s,"threads":%s},"numa_nodes":%s,"memory_mib":%s,"system":{"vendor":%s,"model":%s,"serial":%s},"firmware":{"bios":%s},"pci":%s,"nics":%s}' \
+        "$(json_str "$(uname -m | sed -e 's/^aarch64$/arm64/')")" \
+        "$(json_str "$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)")" \
+        "$(json_num "$(grep -E '^core id|^physical id' /proc/cpuinfo | paste - - | sort -u | grep -c .)")" \
+        "$(json_num "$(getconf _NPROCESSORS_ONLN 2>/dev/null)")" \
+        "$(json_num "$nodes")" \
+        "$(json_num "$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)")" \
+        "$(json_str "$(cat /sys/class/dmi/id/sys_vendor 2>/dev/null)")" \
+        "$(json_str "$(cat /sys/class/dmi/id/product_name 2>/dev/null)")" \
+        "$(json_str "$(cat /sys/class/dmi/id/product_serial 2>/dev/null)")" \
+        "$(json_str "$(cat /sys/class/dmi/id/bios_version 2>/dev/null)")" \
+        "$(pci_json)" "$(nics_json)"
+}
+
 host=$(uname -n)
-facts=$(printf '{"hostname":%s,"arch":%s,"facts":{"cpus":%s,"mem_kb":%s,"gpus":%s,"kernel":%s,"machine_id":%s}}' \
+facts=$(printf '{"hostname":%s,"arch":%s,"inventory":%s,"facts":{"cpus":%s,"mem_kb":%s,"gpus":%s,"kernel":%s,"machine_id":%s}}' \
     "$(json_str "$host")" \
     "$(json_str "$(uname -m)")" \
+    "$(inventory_json)" \
     "$(json_num "$(getconf _NPROCESSORS_ONLN 2>/dev/null)")" \
     "$(json_num "$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)")" \
     "$(json_num "$(gpu_count)")" \
@@ -96,6 +180,24 @@ fi
 if [ "$host" != "$EXPECTED_HOSTNAME" ]; then
     fail "name: hostname is $host, expected $EXPECTED_HOSTNAME"
 fi
+
+# run_check NAME TIMEOUT EXIT OUTPUT COMMAND: one profile health check.
+run_check() {
+    out=$(timeout "$2" /bin/sh -c "$5" 2>/dev/null)
+    rc=$?
+    if [ "$rc" = 124 ] && [ "$3" != 124 ]; then
+        fail "$1: timed out after $2 s"
+    elif [ "$rc" != "$3" ]; then
+        fail "$1: exit status $rc, expected $3: $(printf '%s' "$out" | tail -c 200 | tr -d '\000-\037')"
+    elif [ -n "$4" ]; then
+        case "$out" in
+            *"$4"*) ;;
+            *) fail "$1: output lacks \"$4\"" ;;
+        esac
+    fi
+}
+{% for c in checks %}{{ c }}
+{% endfor %}
 post health "$(printf '{"status":"%s","detail":%s}' "$status" "$(json_str "${detail:-all checks passed}")")"
 
 mkdir -p "$(dirname "$DONE")"

@@ -183,6 +183,17 @@ impl Harness {
 
     /// [`Harness::new`] with the store in `data_dir` (default: a temp dir).
     async fn new_in(env: &[(&str, &str)], bmc: RecordingBmc, data_dir: Option<PathBuf>) -> Harness {
+        Harness::with_config(env, bmc, data_dir, |_| {}).await
+    }
+
+    /// [`Harness::new_in`] with the loaded config changed by `tweak` (file-only keys
+    /// such as `profiles`).
+    async fn with_config(
+        env: &[(&str, &str)],
+        bmc: RecordingBmc,
+        data_dir: Option<PathBuf>,
+        tweak: impl FnOnce(&mut pxed::config::Config),
+    ) -> Harness {
         pxed::net::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let flags = Flags {
@@ -197,6 +208,7 @@ impl Harness {
         let mut cfg = config::load(None, env, &flags).unwrap();
         cfg.images_catalog = crate::common::repo().join("images");
         cfg.ipxe_dir = crate::common::repo().join("ipxe/bin");
+        tweak(&mut cfg);
         let store = Store::open(&cfg.data_dir).await.unwrap();
         // "Import" rocky-9 from the repo's catalog without downloading anything.
         let def = pxed::images::load_catalog(&cfg.images_catalog)
@@ -1936,4 +1948,168 @@ async fn node_listings_are_paged() {
             "{path}: {v}"
         );
     }
+}
+
+/// An inventory as an agent sends it: two H100-class functions on x16 links (or
+/// `widths` lanes each; 0 leaves that function out) and one NIC.
+fn gpu_inventory(widths: [u32; 2]) -> Value {
+    let pci: Vec<Value> = ["0000:18:00.0", "0000:2a:00.0"]
+        .iter()
+        .zip(widths)
+        .filter(|(_, w)| *w > 0)
+        .map(|(addr, w)| {
+            json!({"address": addr, "class": "030200", "vendor_id": "10de",
+                   "device_id": "2330", "vendor": "NVIDIA Corporation",
+                   "device": "GH100 [H100 SXM5 80GB]", "numa_node": 0,
+                   "link": {"speed_gts": 32.0, "width": w},
+                   "max_link": {"speed_gts": 32.0, "width": 16}})
+        })
+        .collect();
+    json!({"arch": "x86_64", "cpu": {"model": "Xeon", "sockets": 2, "cores": 96, "threads": 192},
+           "memory_mib": 2_097_152, "numa_nodes": 2, "pci": pci,
+           "nics": [{"name": "eth0", "mac": "52:54:00:aa:bb:0d", "driver": "mlx5_core",
+                     "speed_mbps": 400000, "link_up": true, "numa_node": 0}],
+           "firmware": {"bios": "2.1.0"}})
+}
+
+/// The acceptance gate through the real HTTP server: the first generation's inventory
+/// becomes the baseline under the only profile it matches; the next one, which lost a
+/// GPU and runs the other at x8, is quarantined with the failed rule and the diff
+/// naming the device; accepting it is refused while the profile still fails, allowed
+/// with no profile, and returns the node to `available`; an unchanged third generation
+/// passes. The query API finds the drifted node, then no longer.
+#[tokio::test]
+async fn the_acceptance_gate_quarantines_lost_hardware_until_it_is_accepted() {
+    let profiles: Vec<pxed::inventory::profile::Profile> = serde_json::from_value(json!([
+        {"name": "hgx", "gpus": [{"model": "*H100*", "count": 2, "min_link_width": 16}],
+         "firmware": {"bios": ">=2.0"}},
+        {"name": "cpu-only", "gpus": [{"model": "*", "count": 0}]}
+    ]))
+    .unwrap();
+    let h = Harness::with_config(&[], RecordingBmc::default(), None, |c| {
+        c.profiles = profiles
+    })
+    .await;
+    let mac = "52:54:00:aa:bb:0d";
+    // One generation: reinstall, the deploy agent's facts with `inv`, installed, first
+    // boot, health pass; returns the answer to the health report.
+    let generation = async |id: Option<i64>, inv: Value| -> (i64, Value) {
+        let (id, token) = match id {
+            None => h.installing(mac).await,
+            Some(id) => {
+                let (s, v) = h
+                    .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
+                    .await;
+                assert_eq!(s, 202, "{v}");
+                h.wait_state(id, "netbooting").await;
+                let (_, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+                (id, token_from_script(&script))
+            }
+        };
+        let agent = h.agent_token(&token).await;
+        let facts = json!({"cpus": 192, "mem_kb": 1, "machine": "x86_64", "disks": [],
+                           "nics": [], "inventory": inv, "inventory_ms": 850});
+        let (s, v) = h.cb(&token, "deploy/facts", facts).await;
+        assert_eq!(s, 204, "{v}");
+        h.cb_to(&token, "installed", json!({}), "first_boot").await;
+        let (s, v) = h
+            .cb(
+                &agent,
+                "first-boot",
+                json!({"hostname": "node-aabb0d", "arch": "x86_64"}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let (s, v) = h.cb(&agent, "health", json!({"status": "pass"})).await;
+        assert_eq!(s, 200, "{v}");
+        (id, v)
+    };
+    let get = async |path: String| {
+        let (s, v) = h.api(reqwest::Method::GET, &path, None, None).await;
+        assert_eq!(s, 200, "{path}: {v}");
+        v
+    };
+
+    let (id, v) = generation(None, gpu_inventory([16, 16])).await;
+    assert_eq!(v["state"], "available", "{v}");
+    let inv = get(format!("/nodes/{id}/inventory")).await;
+    assert_eq!(inv["hardware"]["profile"], "hgx", "{inv}");
+    assert_eq!(inv["hardware"]["baseline_generation"], 1, "{inv}");
+    assert_eq!(inv["reports"][0]["took_ms"], 850, "{inv}");
+    assert_eq!(inv["profiles"][1]["matches"], false, "{inv}");
+    assert!(
+        inv["profiles"][1]["misses"][0]["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("2 match"),
+        "{inv}"
+    );
+
+    // Generation 2 lost 0000:2a:00.0 and runs 0000:18:00.0 at x8.
+    let (_, v) = generation(Some(id), gpu_inventory([8, 0])).await;
+    assert_eq!(v["state"], "quarantined", "{v}");
+    let n = h.node(id).await;
+    let reason = n["failed_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("inventory: profile hgx not met: gpus[0] *H100* x2: 1 match"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("pci 0000:2a:00.0 removed (was NVIDIA Corporation GH100"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("link changed: 32 GT/s x16 -> 32 GT/s x8"),
+        "{reason}"
+    );
+    let hits = get("/inventory/query?drifted=true".into()).await;
+    assert_eq!(hits.as_array().unwrap().len(), 1, "{hits}");
+    assert_eq!(hits[0]["node_id"], id);
+    let hits = get("/inventory/query?gpu=*H100*&gpus=2..".into()).await;
+    assert_eq!(hits, json!([]), "the node has one GPU now");
+
+    // Accepting under the same profile would quarantine it again: refused.
+    let path = format!("/nodes/{id}/inventory/accept");
+    let (s, v) = h
+        .api(reqwest::Method::POST, &path, Some(json!({})), None)
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (409, Some("profile_not_met")),
+        "{v}"
+    );
+    assert_eq!(h.node(id).await["state"], "quarantined");
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            &path,
+            Some(json!({"profile": "nope"})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = h
+        .api(
+            reqwest::Method::POST,
+            &path,
+            Some(json!({"profile": ""})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["node"]["state"], "available", "{v}");
+    assert_eq!(v["generation"], 2);
+    assert_eq!(v["changes_accepted"].as_array().unwrap().len(), 2, "{v}");
+    let inv = get(format!("/nodes/{id}/inventory")).await;
+    assert_eq!(inv["hardware"]["baseline_generation"], 2, "{inv}");
+    assert_eq!(inv["hardware"]["profile"], Value::Null, "{inv}");
+    assert_eq!(get("/inventory/query?drifted=true".into()).await, json!([]));
+
+    // The same hardware again passes.
+    let (_, v) = generation(Some(id), gpu_inventory([8, 0])).await;
+    assert_eq!(v["state"], "available", "{v}");
+    let events = audit(&h, id, "inventory_checked").await;
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(events[2].starts_with("passed"), "{events:?}");
+    assert_eq!(audit(&h, id, "inventory_accepted").await.len(), 1);
 }
