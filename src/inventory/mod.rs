@@ -7,6 +7,7 @@
 //! diff names the device that went away or changed, not a position in a list.
 
 pub mod profile;
+pub mod redfish;
 
 use std::collections::BTreeMap;
 use std::fmt;

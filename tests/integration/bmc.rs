@@ -580,6 +580,50 @@ async fn redfish_check_report() {
     );
 }
 
+/// The out-of-band inventory walk against sushy-tools: what its fake driver serves
+/// (system, chassis, Ethernet interfaces) is read; what it lacks (Processors 501,
+/// Storage 500, Memory and FirmwareInventory 404) is "not reported", not an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_inventory_from_sushy() {
+    let sushy = Sushy::start();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, real_policy());
+    ep.match_mac = Some(NODE2_MAC.into());
+    let b = bmc::connect(&ep).unwrap();
+    let started = Instant::now();
+    let inv = b
+        .inventory()
+        .await
+        .unwrap()
+        .expect("the Redfish driver reports an inventory");
+    b.close().await;
+    println!("sushy inventory in {:?}: {inv:?}", started.elapsed());
+    assert_eq!(inv.system.vendor, "Sushy Emulator");
+    // No Model or SerialNumber on sushy's system: taken from its chassis.
+    assert_eq!(inv.system.model, "3500RX");
+    assert_eq!(inv.system.serial, "437XR1138R2");
+    assert_eq!(inv.nics.len(), 1, "{:?}", inv.nics);
+    assert_eq!(inv.nics[0].mac, "52:54:00:12:34:57");
+    assert_eq!(inv.nics[0].name, "52:54:00:12:34:57");
+    assert_eq!(inv.cpu, Default::default());
+    assert_eq!((inv.memory_mib, inv.arch), (0, None));
+    assert!(inv.pci.is_empty() && inv.disks.is_empty() && inv.firmware.is_empty());
+    // Against a baseline with more in it, what sushy does not report is no change.
+    let mut baseline = inv.clone();
+    baseline.memory_mib = 4096;
+    baseline.firmware.insert("bios".into(), "1.0".into());
+    assert!(pxed::inventory::diff(&baseline, &inv).is_empty());
+
+    // IPMI has no Redfish inventory: `None`, without any I/O.
+    let ipmi = endpoint(
+        Driver::Ipmi,
+        format!("127.0.0.1:{}", free_udp_port()),
+        PASSWORD,
+        fault_policy(),
+    );
+    let b = bmc::connect(&ipmi).unwrap();
+    assert_eq!(b.inventory().await.unwrap(), None);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn redfish_tls_pinned_on_first_use_then_enforced() {
     let sushy = Sushy::start_with(true);
