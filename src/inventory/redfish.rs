@@ -732,6 +732,53 @@ pub(crate) mod tests {
         assert_eq!(gen_speed_gts("Gen7"), None);
     }
 
+    /// The mapping of fields neither capture has (GPU processors, a PCIeInterface on
+    /// the device, Arm): a table test of the rules, not a capture.
+    #[test]
+    fn gpu_processors_links_and_arm() {
+        let r = Resources {
+            system: serde_json::json!({"MemorySummary": {"TotalSystemMemoryGiB": null}}),
+            processors: vec![
+                serde_json::json!({"ProcessorType": "CPU", "InstructionSet": "ARM-A64",
+                    "TotalCores": 72, "TotalThreads": 72, "Model": "Grace"}),
+                serde_json::json!({"@odata.id": "/p/GPU_0", "ProcessorType": "GPU",
+                    "Model": "B200", "UUID": "u-0", "FirmwareVersion": "97.00"}),
+                serde_json::json!({"ProcessorType": "FPGA", "Model": "HMC"}),
+                serde_json::json!({"ProcessorType": "CPU", "Status": {"State": "Absent"}}),
+            ],
+            memory: vec![
+                serde_json::json!({"CapacityMiB": 491520, "MemoryDeviceType": "LPDDR5"}),
+                serde_json::json!({"CapacityMiB": 183359, "MemoryType": "HBM3e"}),
+            ],
+            pcie_devices: vec![serde_json::json!({"@odata.id": "/d/0", "Name": "NIC",
+                "PCIeInterface": {"PCIeType": "Gen5", "LanesInUse": 8,
+                    "MaxPCIeType": "Gen5", "MaxLanes": 16}})],
+            pcie_functions: vec![serde_json::json!({"@odata.id": "/d/0/PCIeFunctions/0",
+                "VendorId": "0x15b3", "DeviceId": "0x1021", "ClassCode": "0x020000"})],
+            ..Resources::default()
+        };
+        let inv = from_resources(&r);
+        assert_eq!(inv.arch, Some(Arch::Arm64));
+        assert_eq!((inv.cpu.sockets, inv.cpu.cores), (1, 72));
+        assert_eq!(inv.memory_mib, 491520, "HBM is not system memory");
+        assert_eq!(inv.gpus.len(), 1, "GPU processors only, no FPGA");
+        assert_eq!(
+            (
+                inv.gpus[0].model.as_str(),
+                inv.gpus[0].uuid.as_str(),
+                inv.gpus[0].vbios.as_str()
+            ),
+            ("B200", "u-0", "97.00")
+        );
+        let nic = &inv.pci[0];
+        assert_eq!(
+            nic.link.map(|l| l.to_string()).as_deref(),
+            Some("32 GT/s x8")
+        );
+        assert_eq!(nic.max_link.map(|l| l.width), Some(16));
+        assert_eq!((nic.vendor_id, nic.class), (0x15b3, 0x020000));
+    }
+
     #[test]
     fn odd_json_never_panics_and_reports_nothing() {
         let odd = [
