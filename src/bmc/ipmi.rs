@@ -23,6 +23,7 @@
 //! IPMI 2.0, ipmi-rs falls back to an IPMI 1.5 session.
 
 mod chassis;
+pub mod fru;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -36,6 +37,9 @@ use ipmi_rs::{Ipmi, IpmiError};
 
 pub use chassis::{BootDevice, BootFlags, ChassisControl, ChassisStatus};
 use chassis::{GetBootFlags, GetChassisStatus, PRIVILEGE_ADMIN, SetBootFlags, SetSessionPrivilege};
+use fru::{GetFruAreaInfo, ReadFruData};
+
+use crate::inventory::Inventory;
 
 use super::{
     BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
@@ -588,7 +592,64 @@ impl IpmiBmc {
     }
 }
 
-impl_bmc!(IpmiBmc);
+impl IpmiBmc {
+    /// The system's vendor, model and serial from FRU device 0 (board and product
+    /// areas); everything else stays "not reported". `None` when the BMC has no FRU
+    /// data there (it answers the FRU commands with an error completion code) or the
+    /// data is not FRU data.
+    async fn do_inventory(&self) -> Result<Option<Inventory>, BmcError> {
+        let image = self
+            .run(Step::Inventory, |l, s| {
+                l.with_session(s, Step::Inventory, |x| {
+                    let size = match l.cmd(x, Step::Inventory, GetFruAreaInfo(0)) {
+                        Ok(n) => n,
+                        Err(Fail::Fatal(e)) => return Ok(Err(e.to_string())),
+                        Err(f) => return Err(f),
+                    };
+                    let read = fru::read_image(size, |offset, count| {
+                        l.cmd(
+                            x,
+                            Step::Inventory,
+                            ReadFruData {
+                                device: 0,
+                                offset,
+                                count,
+                            },
+                        )
+                    });
+                    match read {
+                        Ok(r) => Ok(r.map_err(|e| e.to_string())),
+                        Err(Fail::Fatal(e)) => Ok(Err(e.to_string())),
+                        Err(f) => Err(f),
+                    }
+                })
+            })
+            .await?;
+        let parsed = image.and_then(|i| fru::parse(&i).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(f) => {
+                if !f.bad_checksums.is_empty() {
+                    tracing::warn!(bmc = %self.link.address, areas = ?f.bad_checksums, "FRU area checksum wrong; read anyway");
+                }
+                Ok(Some(Inventory {
+                    system: f.system(),
+                    ..Inventory::default()
+                }))
+            }
+            Err(message) => {
+                tracing::warn!(bmc = %self.link.address, %message, "no FRU inventory");
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl_bmc!(
+    IpmiBmc,
+    fn inventory(&self) -> BoxFuture<'_, Result<Option<Inventory>, BmcError>> {
+        Box::pin(self.do_inventory())
+    },
+);
 
 #[cfg(test)]
 mod tests {

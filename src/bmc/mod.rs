@@ -496,6 +496,8 @@ pub enum Step {
     Power,
     /// Reading what the BMC advertises.
     Check,
+    /// Reading the hardware inventory.
+    Inventory,
 }
 
 impl fmt::Display for Step {
@@ -509,6 +511,7 @@ impl fmt::Display for Step {
             Step::ReadBoot => "read boot override",
             Step::Power => "power action",
             Step::Check => "check",
+            Step::Inventory => "inventory",
         })
     }
 }
@@ -697,6 +700,12 @@ pub trait Bmc: fmt::Debug + Send + Sync {
     /// What the BMC says the machine is (vendor, model, firmware), as one line: the key
     /// under which the netboot method that worked is remembered. `None` when unknown.
     fn model(&self) -> BoxFuture<'_, Result<Option<String>, BmcError>> {
+        Box::pin(async { Ok(None) })
+    }
+    /// The machine's hardware as the BMC sees it, out of band (before anything boots).
+    /// `Ok(None)` where the driver cannot tell; what the BMC does not report stays
+    /// "not reported" in the inventory, so [`crate::inventory::diff`] skips it.
+    fn inventory(&self) -> BoxFuture<'_, Result<Option<crate::inventory::Inventory>, BmcError>> {
         Box::pin(async { Ok(None) })
     }
     /// SHA-256 (lowercase hex) of the TLS certificate seen, for the caller to pin.

@@ -4,7 +4,9 @@
 //! what they reject, and many answer 2xx to a PATCH they then ignore, so every write is
 //! read back.
 
+use std::collections::BTreeSet;
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -15,6 +17,9 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct as Signed, SignatureScheme};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+
+use crate::inventory::Inventory;
+use crate::inventory::redfish::{Resources, from_resources};
 
 use super::{
     BmcEndpoint, BmcError, BootMode, BootOverride, BootTarget, CallPolicy, CheckReport,
@@ -1054,6 +1059,200 @@ impl RedfishBmc {
     }
 }
 
+/// Most GETs one inventory walk makes; what lies beyond is left out (and logged).
+pub const INVENTORY_MAX_GETS: usize = 256;
+
+/// The inventory walk over any source of Redfish bodies: `get(path)` answers the body,
+/// or `None` for a resource that is not there. Pure apart from `get`, so it runs on
+/// captures in the unit tests exactly as on a BMC.
+struct Walk<G> {
+    get: G,
+    cap: usize,
+    gets: usize,
+    seen: BTreeSet<String>,
+    truncated: bool,
+}
+
+impl<G, Fut> Walk<G>
+where
+    G: Fn(String) -> Fut,
+    Fut: Future<Output = Result<Option<Value>, BmcError>>,
+{
+    fn new(cap: usize, get: G) -> Self {
+        Walk {
+            get,
+            cap,
+            gets: 0,
+            seen: BTreeSet::new(),
+            truncated: false,
+        }
+    }
+
+    /// One resource, each path at most once per walk (BMCs list the same function
+    /// under the system and under its device, the same device under the system and
+    /// the chassis), and no more than `cap` GETs.
+    async fn fetch(&mut self, path: &str) -> Result<Option<Value>, BmcError> {
+        let path = path.split('#').next().unwrap_or(path).trim_end_matches('/');
+        if path.is_empty() || !self.seen.insert(path.to_string()) {
+            return Ok(None);
+        }
+        if self.gets >= self.cap {
+            self.truncated = true;
+            return Ok(None);
+        }
+        self.gets += 1;
+        (self.get)(path.to_string()).await
+    }
+
+    /// The members behind a link: an array of references, or a reference to a
+    /// collection whose `Members` are read in turn.
+    async fn members(&mut self, link: Option<&Value>) -> Result<Vec<Value>, BmcError> {
+        let paths: Vec<String> = match link {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|m| m["@odata.id"].as_str().map(String::from))
+                .collect(),
+            Some(v @ Value::Object(_)) => match v["@odata.id"].as_str() {
+                Some(c) => match self.fetch(c).await? {
+                    Some(coll) => coll["Members"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|m| m["@odata.id"].as_str().map(String::from))
+                        .collect(),
+                    None => vec![],
+                },
+                None => vec![],
+            },
+            _ => vec![],
+        };
+        let mut out = Vec::with_capacity(paths.len());
+        for p in paths {
+            if let Some(v) = self.fetch(&p).await? {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// PCIe devices and their functions behind `holder` (a system or a chassis).
+    async fn pcie(&mut self, holder: &Value, r: &mut Resources) -> Result<(), BmcError> {
+        r.pcie_functions
+            .extend(self.members(holder.get("PCIeFunctions")).await?);
+        let devices = self.members(holder.get("PCIeDevices")).await?;
+        for d in &devices {
+            let f = match d.get("PCIeFunctions") {
+                Some(link) => self.members(Some(link)).await?,
+                None => self.members(d.pointer("/Links/PCIeFunctions")).await?,
+            };
+            r.pcie_functions.extend(f);
+        }
+        r.pcie_devices.extend(devices);
+        Ok(())
+    }
+
+    /// Walks from the system at `system_path`: its processors, memory (only when the
+    /// summary has no total), PCIe devices, Ethernet interfaces, storage and drives;
+    /// its first chassis (PCIe devices and drives where the system lists none, network
+    /// adapter ports); and `UpdateService/FirmwareInventory`.
+    async fn run(mut self, system_path: &str) -> Result<Resources, BmcError> {
+        let system = self.fetch(system_path).await?.ok_or(BmcError::Protocol {
+            driver: D,
+            step: Step::Inventory,
+            status: Some(404),
+            message: format!("system {system_path} not found"),
+        })?;
+        let mut r = Resources {
+            processors: self.members(system.get("Processors")).await?,
+            ..Resources::default()
+        };
+        self.pcie(&system, &mut r).await?;
+        r.ethernet = self.members(system.get("EthernetInterfaces")).await?;
+        r.storage = self.members(system.get("Storage")).await?;
+        for s in r.storage.clone() {
+            r.drives.extend(self.members(s.get("Drives")).await?);
+        }
+        r.firmware = self
+            .members(Some(
+                &json!({"@odata.id": "/redfish/v1/UpdateService/FirmwareInventory"}),
+            ))
+            .await?;
+        if let Some(c) = system
+            .pointer("/Links/Chassis/0/@odata.id")
+            .and_then(Value::as_str)
+        {
+            r.chassis = self.fetch(c).await?;
+        }
+        if let Some(chassis) = r.chassis.clone() {
+            if r.pcie_devices.is_empty() {
+                self.pcie(&chassis, &mut r).await?;
+            }
+            if r.drives.is_empty() {
+                r.drives = self.members(chassis.get("Drives")).await?;
+            }
+            for a in self.members(chassis.get("NetworkAdapters")).await? {
+                for k in ["NetworkPorts", "Ports"] {
+                    r.network_ports.extend(self.members(a.get(k)).await?);
+                }
+            }
+        }
+        let summary = system.pointer("/MemorySummary/TotalSystemMemoryGiB");
+        if !summary.and_then(Value::as_f64).is_some_and(|g| g > 0.0) {
+            r.memory = self.members(system.get("Memory")).await?;
+        }
+        r.system = system;
+        if self.truncated {
+            tracing::warn!(
+                system = system_path,
+                gets = self.gets,
+                "Redfish inventory walk hit its GET cap; the rest is not reported"
+            );
+        }
+        Ok(r)
+    }
+}
+
+impl RedfishBmc {
+    /// One GET for the inventory walk: a resource the BMC does not have (404, 405,
+    /// 501) or will not serve (any other HTTP error, after the policy's retries) is
+    /// `None`, so one broken collection does not lose the rest; transport, auth and
+    /// TLS failures end the walk.
+    async fn get_optional(&self, path: String) -> Result<Option<Value>, BmcError> {
+        match self.get(Step::Inventory, &path).await {
+            Ok(r) => Ok(Some(r.body)),
+            Err(BmcError::Protocol {
+                status: Some(s @ (404 | 405 | 501)),
+                ..
+            }) => {
+                tracing::debug!(bmc = %self.base, %path, status = s, "not on this BMC");
+                Ok(None)
+            }
+            Err(BmcError::Protocol {
+                status: Some(s),
+                message,
+                ..
+            }) => {
+                tracing::warn!(bmc = %self.base, %path, status = s, %message, "inventory resource skipped");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The Redfish resources of the selected system, walked with at most
+    /// [`INVENTORY_MAX_GETS`] GETs.
+    pub async fn inventory_resources(&self) -> Result<Resources, BmcError> {
+        let path = self.system().await?.to_string();
+        Walk::new(INVENTORY_MAX_GETS, |p| self.get_optional(p))
+            .run(&path)
+            .await
+    }
+
+    async fn do_inventory(&self) -> Result<Option<Inventory>, BmcError> {
+        Ok(Some(from_resources(&self.inventory_resources().await?)))
+    }
+}
+
 impl_bmc!(
     RedfishBmc,
     fn tls_fingerprint(&self) -> Option<String> {
@@ -1067,6 +1266,9 @@ impl_bmc!(
     },
     fn model(&self) -> BoxFuture<'_, Result<Option<String>, BmcError>> {
         Box::pin(self.do_model())
+    },
+    fn inventory(&self) -> BoxFuture<'_, Result<Option<Inventory>, BmcError>> {
+        Box::pin(self.do_inventory())
     },
 );
 
@@ -1186,6 +1388,86 @@ mod tests {
         let b = r#"{"error":{"code":"Base.1.0.GeneralError","message":"boom","@Message.ExtendedInfo":[{"Message":"detail"}]}}"#;
         assert_eq!(bmc_message(b), "boom; detail");
         assert_eq!(bmc_message("plain"), "plain");
+    }
+
+    /// Runs the walk on a stored capture (path -> body), counting GETs.
+    async fn walk_capture(name: &str, system: &str, cap: usize) -> (Resources, usize) {
+        let c = crate::inventory::redfish::tests::capture(name);
+        let gets = std::cell::Cell::new(0);
+        let r = Walk::new(cap, |p: String| {
+            gets.set(gets.get() + 1);
+            let v = c.get(&p).cloned();
+            async move { Ok(v) }
+        })
+        .run(system)
+        .await
+        .unwrap();
+        (r, gets.get())
+    }
+
+    #[tokio::test]
+    async fn walk_finds_what_the_captures_hold_once() {
+        use crate::inventory::redfish::tests::{capture, resources};
+        for (name, system) in [
+            ("cisco-ucsc-c225-m6s", "/redfish/v1/Systems/WZP262207W0"),
+            ("hpe-proliant-dl360-gen10-plus", "/redfish/v1/Systems/1"),
+        ] {
+            let (walked, gets) = walk_capture(name, system, INVENTORY_MAX_GETS).await;
+            assert!(gets < INVENTORY_MAX_GETS, "{name}: {gets} GETs");
+            let by_path = resources(&capture(name), system);
+            let sorted = |mut i: Inventory| {
+                i.pci.sort_by(|a, b| a.address.cmp(&b.address));
+                i.nics.sort_by(|a, b| a.mac.cmp(&b.mac));
+                i.disks.sort_by(|a, b| a.serial.cmp(&b.serial));
+                i
+            };
+            let mut want = sorted(from_resources(&by_path));
+            let got = sorted(from_resources(&walked));
+            // The walk reads DIMMs only when the summary has no total; both have one.
+            assert!(walked.memory.is_empty(), "{name}");
+            assert_eq!(
+                walked.pcie_functions.len(),
+                by_path.pcie_functions.len(),
+                "{name}"
+            );
+            if name.starts_with("cisco") {
+                // The capture stored no body for the Storage collection: the walk
+                // cannot reach the drives the path picker finds.
+                assert!(walked.drives.is_empty() && want.disks.len() == 6);
+                want.disks.clear();
+            } else {
+                assert_eq!(walked.drives.len(), by_path.drives.len(), "{name}");
+            }
+            assert_eq!(got, want, "{name}");
+        }
+        let (cisco, _) = walk_capture(
+            "cisco-ucsc-c225-m6s",
+            "/redfish/v1/Systems/WZP262207W0",
+            INVENTORY_MAX_GETS,
+        )
+        .await;
+        // Listed under the system and under the chassis: walked once.
+        assert_eq!(cisco.pcie_devices.len(), 5);
+        assert_eq!(cisco.firmware.len(), 5);
+    }
+
+    #[tokio::test]
+    async fn walk_stops_at_its_get_cap() {
+        let (r, gets) =
+            walk_capture("hpe-proliant-dl360-gen10-plus", "/redfish/v1/Systems/1", 6).await;
+        assert_eq!(gets, 6);
+        assert_eq!(r.system["SerialNumber"], "VYRBX9UJ4S");
+        assert!(r.firmware.is_empty());
+        let missing = Walk::new(8, |_p: String| async { Ok(None) })
+            .run("/redfish/v1/Systems/x")
+            .await;
+        assert!(matches!(
+            missing,
+            Err(BmcError::Protocol {
+                status: Some(404),
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod gate;
 pub mod profile;
+pub mod redfish;
 
 use std::collections::BTreeMap;
 use std::fmt;

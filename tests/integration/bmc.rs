@@ -293,6 +293,11 @@ pub(crate) struct IpmiSim {
 
 impl IpmiSim {
     pub(crate) fn start() -> IpmiSim {
+        Self::start_with_fru(None)
+    }
+
+    /// ipmi_sim whose FRU device 0 holds `fru` (its bytes, zero-padded to 256).
+    fn start_with_fru(fru: Option<&[u8]>) -> IpmiSim {
         assert!(
             Command::new("ipmi_sim").arg("--version").output().is_ok(),
             "ipmi_sim missing: apt-get install openipmi"
@@ -323,11 +328,20 @@ set_working_mc 0x20
             chassis = d.join("chassis").display()
         );
         std::fs::write(d.join("lan.conf"), conf).unwrap();
-        std::fs::write(
-            d.join("bmc.emu"),
-            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nsel_enable 0x20 1000 0x0a\nmc_enable 0x20\n",
-        )
-        .unwrap();
+        let mut emu = String::from(
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nsel_enable 0x20 1000 0x0a\n",
+        );
+        if let Some(fru) = fru {
+            let mut image = fru.to_vec();
+            image.resize(256, 0);
+            std::fs::write(d.join("fru0.bin"), image).unwrap();
+            emu.push_str(&format!(
+                "mc_add_fru_data 0x20 0 256 file 0 \"{}\"\n",
+                d.join("fru0.bin").display()
+            ));
+        }
+        emu.push_str("mc_enable 0x20\n");
+        std::fs::write(d.join("bmc.emu"), emu).unwrap();
         let child = Command::new("ipmi_sim")
             .arg("-c")
             .arg(d.join("lan.conf"))
@@ -578,6 +592,74 @@ async fn redfish_check_report() {
         matches!(r.credentials, Credentials::Refused { ref message } if message.contains("Invalid username")),
         "{r:?}"
     );
+}
+
+/// The out-of-band inventory walk against sushy-tools: what its fake driver serves
+/// (system, chassis, Ethernet interfaces) is read; what it lacks (Processors 501,
+/// Storage 500, Memory and FirmwareInventory 404) is "not reported", not an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn redfish_inventory_from_sushy() {
+    let sushy = Sushy::start();
+    let mut ep = endpoint(Driver::Redfish, sushy.url(), PASSWORD, real_policy());
+    ep.match_mac = Some(NODE2_MAC.into());
+    let b = bmc::connect(&ep).unwrap();
+    let started = Instant::now();
+    let inv = b
+        .inventory()
+        .await
+        .unwrap()
+        .expect("the Redfish driver reports an inventory");
+    b.close().await;
+    println!("sushy inventory in {:?}: {inv:?}", started.elapsed());
+    assert_eq!(inv.system.vendor, "Sushy Emulator");
+    // No Model or SerialNumber on sushy's system: taken from its chassis.
+    assert_eq!(inv.system.model, "3500RX");
+    assert_eq!(inv.system.serial, "437XR1138R2");
+    assert_eq!(inv.nics.len(), 1, "{:?}", inv.nics);
+    assert_eq!(inv.nics[0].mac, "52:54:00:12:34:57");
+    assert_eq!(inv.nics[0].name, "52:54:00:12:34:57");
+    assert_eq!(inv.cpu, Default::default());
+    assert_eq!((inv.memory_mib, inv.arch), (0, None));
+    assert!(inv.pci.is_empty() && inv.disks.is_empty() && inv.firmware.is_empty());
+    // Against a baseline with more in it, what sushy does not report is no change.
+    let mut baseline = inv.clone();
+    baseline.memory_mib = 4096;
+    baseline.firmware.insert("bios".into(), "1.0".into());
+    assert!(pxed::inventory::diff(&baseline, &inv).is_empty());
+}
+
+/// The real FRU dump of a Quanta-built Qumulo server (`tests/fixtures/ipmi/`), served
+/// by ipmi_sim as FRU device 0 and read over lanplus with Get FRU Inventory Area Info
+/// and Read FRU Data; a simulator without FRU data gives no inventory, not an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn ipmi_inventory_from_fru() {
+    let hex = std::fs::read_to_string(repo_file(
+        "tests/fixtures/ipmi/quanta-qct-sd1q-1ulh.fru.hex",
+    ))
+    .unwrap();
+    let fru: Vec<u8> = hex
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    let sim = IpmiSim::start_with_fru(Some(&fru));
+    sim.ready().await;
+    let b = bmc::connect(&sim.endpoint(PASSWORD, real_policy())).unwrap();
+    let started = Instant::now();
+    let inv = b.inventory().await.unwrap().expect("FRU inventory");
+    println!("FRU inventory in {:?}: {:?}", started.elapsed(), inv.system);
+    assert_eq!(inv.system.vendor, "Qumulo");
+    assert_eq!(inv.system.model, "QK-Series 1U");
+    assert_eq!(inv.system.serial, "S0501825Q007");
+    assert!(inv.pci.is_empty() && inv.firmware.is_empty() && inv.memory_mib == 0);
+    b.close().await;
+
+    let bare = IpmiSim::start();
+    bare.ready().await;
+    let b = bmc::connect(&bare.endpoint(PASSWORD, real_policy())).unwrap();
+    assert_eq!(b.inventory().await.unwrap(), None);
+    b.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
