@@ -142,6 +142,9 @@ class VmSpec:
         self.romfile = v.get("romfile", fw["romfile"])
         self.ip = v.get("ip")
         self.extra_args = list(v.get("extra_args", []))
+        # A JSON list of more QEMU arguments, read at every start: the lab changes the
+        # machine's hardware between reinstalls (a card pulled, a link narrowed) through it.
+        self.extra_args_file = v.get("extra_args_file")
         self.console = os.path.abspath(v.get("console") or lab.p(f"{self.name}.console.log"))
         self.events = os.path.abspath(v.get("events") or lab.p(f"{self.name}.events.jsonl"))
         self.pidfile = lab.p(f"{self.name}.qemu.pid")
@@ -174,6 +177,9 @@ def qemu_command(vm, boot):
     cmd += ["-chardev", f"file,id=con0,path={vm.console},append=on", "-serial", "chardev:con0",
             "-qmp", f"unix:{vm.qmp},server=on,wait=off", "-pidfile", vm.pidfile]
     cmd += vm.extra_args
+    if vm.extra_args_file and os.path.exists(vm.extra_args_file):
+        with open(vm.extra_args_file) as f:
+            cmd += [str(a) for a in json.load(f)]
     return cmd
 
 

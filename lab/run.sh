@@ -36,6 +36,13 @@
 #              within the observe window, recovered by the `uefi_override` method and end
 #              `available`; generation 2 must start with that method (recorded for the
 #              BMC model) and end `available` with no netboot_not_observed.
+#   lostdevice the VM's hardware changes between reinstalls, through extra QEMU arguments
+#              read at each power-on: generation 1 has a PCIe root port (x16) with a
+#              virtio-rng card behind it; generation 2 runs that port at x4; generation 3
+#              has the card and its port pulled; generation 4 is as 3 was. Generations
+#              2 and 3 must end `quarantined` by the acceptance gate with the diff naming
+#              the narrowed link and the removed devices; accepting the inventory (the
+#              API's re-baseline) returns the node to `available`; 1 and 4 pass the gate.
 # --installer, one VM: instead of the image deploy, the vendor's installer: Debian 12's
 #   debian-installer (debian-installer-12-netboot-amd64) from a mirror built from the
 #   archive by lab/di-mirror.sh and served in the namespace on 10.98.0.1:8080. It loads
@@ -152,7 +159,8 @@ case "$FAULT" in
     export PXED_LIFECYCLE__MAX_ATTEMPTS=1 PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-45s} ;;
   lyingbmc) REINSTALLS=2
     export PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-60s} ;;
-  *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride, lyingbmc)" >&2; exit 2 ;;
+  lostdevice) REINSTALLS=4 ;;
+  *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride, lyingbmc, lostdevice)" >&2; exit 2 ;;
 esac
 [ -n "$FAULT" ] && VMS=1
 export PXED_LIFECYCLE__DEADLINES__NETBOOTING=${LAB_NETBOOT_DEADLINE:-10m}
@@ -184,7 +192,7 @@ for i in $(seq 1 "$VMS"); do
   [ -n "$vms_json" ] && vms_json+=","
   vms_json+="{\"name\":\"vm$i\",\"uuid\":\"${UUIDS[-1]}\",\"mac\":\"${MACS[-1]}\",\"firmware\":\"$FIRMWARE\",
     \"disk\":\"$W/vm$i.qcow2\",\"disk_size\":\"3G\",\"tap\":\"pxtap$i\",\"memory\":1024,
-    \"console\":\"$W/vm$i.console.log\"}"
+    \"console\":\"$W/vm$i.console.log\", \"extra_args_file\":\"$W/vm$i.extra.json\"}"
 done
 start_controller() { # PXE-OVERRIDE-MODE (once | ignored)
   cat > "$W/lab.json" <<JSON
@@ -264,10 +272,25 @@ expect() {
   case "$FAULT" in
     checksum|notfound) echo fail-install ;;
     nooverride) [ "$1" = 1 ] && echo ok || echo fail-netboot ;;
+    lostdevice) case "$1" in 2|3) echo quarantine ;; *) echo ok ;; esac ;;
     *) echo ok ;;
   esac
 }
+# The lostdevice fault's hardware for generation $1 (QEMU arguments as JSON).
+hardware() {
+  local port='"-device", "pcie-root-port,id=rp9,bus=pcie.0,chassis=9,addr=0x9,x-speed=16,x-width=WIDTH"'
+  local card='"-device", "virtio-rng-pci,bus=rp9"'
+  case "$1" in
+    1) echo "[${port/WIDTH/16}, $card]" ;;
+    2) echo "[${port/WIDTH/4}, $card]" ;;
+    *) echo "[]" ;;
+  esac
+}
 for gen in $(seq 1 "$REINSTALLS"); do
+  if [ "$FAULT" = lostdevice ]; then
+    for i in $(seq 1 "$VMS"); do hardware "$gen" > "$W/vm$i.extra.json"; done
+    say "fault lostdevice: generation $gen hardware: $(cat "$W/vm1.extra.json")"
+  fi
   if [ "$FAULT" = nooverride ] && [ "$gen" = 2 ]; then
     say "fault nooverride: the BMC now accepts the Pxe override but the VM boots its disk"
     stop_controller; start_controller ignored
@@ -292,7 +315,7 @@ for gen in $(seq 1 "$REINSTALLS"); do
         say "fault poweroff: Redfish ForceOff while the image is written -> $(redfish POST \
           "/Systems/${UUIDS[$((i-1))]}/Actions/ComputerSystem.Reset" '{"ResetType":"ForceOff"}')"
       fi
-      case "$st" in available|failed) break ;; esac
+      case "$st" in available|failed|quarantined) break ;; esac
       if [ $(( $(date +%s) - start )) -gt "${LAB_NODE_TIMEOUT:-1500}" ]; then say "node $id: timed out in $st"; break; fi
       sleep 2
     done
@@ -309,7 +332,32 @@ json.dump([e for e in d["events"] if e["generation"] == g], open(sys.argv[2], "w
     installed=$(echo "$n" | python3 -c 'import sys, json
 d = json.load(sys.stdin); g = int(sys.argv[1])
 print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "install_finished"))' "$gen")
+    # The deploy agent's inventory of this generation, and how long collecting it took.
+    inv=$(echo "$n" | python3 -c 'import sys, json
+d = json.load(sys.stdin); g = int(sys.argv[1])
+print(next((e["detail"] for e in d["events"] if e["generation"] == g and e["event"] == "inventory"), ""))' "$gen")
+    [ -n "$inv" ] && say "node $id generation $gen inventory: $inv"
     case "$(expect "$gen")" in
+      quarantine)
+        # The gate must have quarantined it, naming what changed; accepting the new
+        # inventory (re-baseline) must return it to available.
+        case "$gen" in
+          2) lost='pci 0000:00:09.0 (.*) link changed: 16 GT/s x16 -> 16 GT/s x4' ;;
+          *) lost='pci 0000:00:09.0 removed .*pci 0000:01:00.0 removed' ;;
+        esac
+        if [ "$st" = quarantined ] && echo "$reason" | grep -Eq "^inventory: .*$lost"; then
+          PASSES=$((PASSES+1)); say "PASS fault lostdevice generation $gen: quarantined in ${took}s: $reason"
+          acc=$(api POST "/nodes/$id/inventory/accept" '{}')
+          now=$(api GET "/nodes/$id" | field state)
+          if [ "$now" = available ]; then
+            PASSES=$((PASSES+1)); say "PASS fault lostdevice generation $gen: re-baselined, available: $(echo "$acc" | field changes_accepted | head -c 300)"
+          else say "FAIL fault lostdevice generation $gen: after accept the node is $now: $acc"; FAILED=$((FAILED+1)); fi
+        else
+          say "FAIL fault lostdevice generation $gen: node $id is $st ($step: $reason)"
+          FAILED=$((FAILED+1)); diagnose "$id" "$i"
+          api GET "/nodes/$id/inventory" | head -c 3000; echo
+        fi
+        continue ;;
       installer)
         # The installer's own log, as pxed's syslog receiver kept it, must show the
         # preseed loaded and the MAC-derived hostname preseeded; the node must fail at

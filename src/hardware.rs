@@ -43,12 +43,31 @@ pub fn verdict(
         .baseline_generation
         .filter(|g| *g != generation)
         .and_then(|g| of_generation(rows, g).map(|inv| (g, inv)));
-    Some(gate::gate(
+    let mut v = gate::gate(
         profiles,
         hw.profile.as_deref(),
         baseline.as_ref().map(|(g, i)| (*g, i)),
         &current,
-    ))
+    );
+    // The BMC's own view against its view of the baseline: reported, never gated. A
+    // BMC's collections come and go (one answering 500 for a moment would read as
+    // every drive removed); pinned firmware gates through the merged inventory.
+    let oob = |g: i64| {
+        rows.iter()
+            .find(|r| r.generation == g && !r.source.in_band())
+            .map(|r| &r.inventory)
+    };
+    if let Some((bg, _)) = &baseline
+        && let (Some(before), Some(now)) = (oob(*bg), oob(generation))
+    {
+        v.changes
+            .extend(inventory::diff(before, now).into_iter().map(|mut c| {
+                c.what = format!("bmc: {}", c.what);
+                c.degraded = false;
+                c
+            }));
+    }
+    Some(v)
 }
 
 /// Runs the gate for the node's `generation` and records it. `None`: no inventory.

@@ -373,6 +373,7 @@ async fn create_node(
             ));
         }
     }
+    let bmc_driver = req.bmc.as_ref().map(|b| b.driver);
     let bmc = match req.bmc {
         Some(b) => Some((
             BmcRow {
@@ -412,6 +413,10 @@ async fn create_node(
         st.store.set_labels(id, &req.labels).await?;
     }
     st.lifecycle.notify(id, "registered", n.state);
+    // Discovery's inventory: what the BMC knows, before anything boots (generation 0).
+    if let Some(driver) = bmc_driver {
+        st.lifecycle.collect_bmc_inventory(id, n.generation, driver);
+    }
     Ok((StatusCode::CREATED, Json(view(&st, n).await?)))
 }
 

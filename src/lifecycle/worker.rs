@@ -525,6 +525,9 @@ impl Lifecycle {
         let event = match sent {
             Ok(driver) => {
                 tracing::info!(node = id, %step, %driver, generation, attempt, "BMC step done");
+                if step == BmcStep::SetNetboot && attempt == 0 {
+                    self.collect_bmc_inventory(id, generation, driver);
+                }
                 match step {
                     BmcStep::SetNetboot => Event::NetbootSet {
                         generation,
@@ -549,6 +552,55 @@ impl Lifecycle {
             }
         };
         self.apply_logged(id, event, "bmc").await;
+    }
+
+    /// Reads what the BMC knows of the machine (Redfish resources, IPMI FRU) in its own
+    /// session, beside the power cycle, and stores it as this generation's out-of-band
+    /// inventory. Best effort: a BMC that lists nothing or fails is logged, never fails
+    /// the reinstall.
+    pub fn collect_bmc_inventory(self: &Arc<Self>, id: i64, generation: i64, driver: bmc::Driver) {
+        let me = self.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                // CANCEL-SAFETY: only reads the BMC; the next reinstall collects again.
+                _ = me.cancel.cancelled() => {}
+                // CANCEL-SAFETY: see above.
+                _ = me.collect_inventory(id, generation, driver) => {}
+            }
+        });
+    }
+
+    async fn collect_inventory(&self, id: i64, generation: i64, driver: bmc::Driver) {
+        let b = match self.bmcs.connect(&self.store, id).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(node = id, error = %e, "BMC inventory: cannot connect");
+                return;
+            }
+        };
+        let started = std::time::Instant::now();
+        let r = b.inventory().await;
+        b.close().await;
+        let took = started.elapsed().as_millis().min(i64::MAX as u128) as i64;
+        let source = match driver {
+            bmc::Driver::Redfish => crate::model::InventorySource::Redfish,
+            bmc::Driver::Ipmi => crate::model::InventorySource::Ipmi,
+        };
+        match r {
+            Ok(Some(inv)) => {
+                if let Err(e) = self
+                    .store
+                    .put_inventory(id, generation, source, Some(took), &inv)
+                    .await
+                {
+                    tracing::warn!(node = id, error = %e, "storing the BMC inventory");
+                } else {
+                    tracing::info!(node = id, generation, took_ms = took, %source, "BMC inventory stored");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(node = id, error = %e, "BMC inventory"),
+        }
     }
 
     /// Runs one BMC step the way `method` says; returns the driver that did it.
