@@ -6,6 +6,8 @@
 //! keyed by what stays put across reinstalls (PCI address, MAC, disk serial), so a
 //! diff names the device that went away or changed, not a position in a list.
 
+pub mod lspci;
+pub mod nvidia;
 pub mod profile;
 
 use std::collections::BTreeMap;
@@ -94,6 +96,8 @@ pub struct PciDevice {
     /// The link as trained now, and the most the device and slot can do.
     pub link: Option<Link>,
     pub max_link: Option<Link>,
+    /// Revision ID (sysfs `revision`, lspci `Rev`), where the reporter read it.
+    pub revision: Option<u8>,
 }
 
 impl PciDevice {
@@ -155,9 +159,20 @@ pub struct Gpu {
     pub model: String,
     pub uuid: String,
     pub vbios: String,
-    /// Active NVLinks, where the tool reports them.
+    /// Active NVLinks, where the tool reports them: the widest bonded set to any peer
+    /// in `nvidia-smi topo -m` (`NV18` on an HGX H100, whose NVSwitches give every peer
+    /// the GPU's full width).
     pub nvlinks: Option<u32>,
     pub numa_node: Option<u32>,
+    /// Board serial from `nvidia-smi` (empty where it says `N/A`).
+    pub serial: String,
+    /// Driver version that reported this GPU.
+    pub driver: String,
+    /// NVLinks to each peer GPU, by the peer's PCI address.
+    pub nvlink_peers: BTreeMap<String, u32>,
+    /// How this GPU reaches each NIC (RDMA device name as `topo -m` names it: `mlx5_0`):
+    /// `PIX`, `PXB`, `PHB`, `NODE` or `SYS`, nearest first.
+    pub nic_affinity: BTreeMap<String, String>,
 }
 
 /// A network port.
