@@ -745,4 +745,72 @@ mod tests {
         assert_eq!(inv.gpus[7].nic_affinity["mlx5_16"], "PXB");
         assert!(inv.firmware.is_empty());
     }
+
+    #[test]
+    fn merged_facts_reach_the_profile_gate() {
+        use crate::inventory::profile::{Profile, check};
+        #[derive(Deserialize)]
+        struct F {
+            profiles: Vec<Profile>,
+        }
+        let profile = |toml_text: &str| toml::from_str::<F>(toml_text).unwrap().profiles.remove(0);
+        // The 2080 host: VBIOS pinned, full width asked of links trained at x8.
+        let smi = parse_smi(&fixture("dual-2080-smi-q-x.xml")).unwrap();
+        let mut inv = Inventory {
+            pci: ["0000:01:00.0", "0000:02:00.0"]
+                .iter()
+                .map(|a| nvidia_fn(a, Some(0)))
+                .collect(),
+            ..Inventory::default()
+        };
+        merge(&mut inv, Some(&smi), None);
+        let pinned = profile(
+            r#"
+[[profiles]]
+name = "desk"
+gpus = [{ model = "*RTX 2080*", count = 2 }]
+firmware = { "gpu:*" = "=90.04.0B.00.8F" }
+"#,
+        );
+        assert_eq!(check(&pinned, &inv), vec![]);
+        let wide = profile(
+            r#"
+[[profiles]]
+name = "desk"
+gpus = [{ model = "*RTX 2080*", count = 2, min_link_width = 16 }]
+firmware = { "gpu:*" = "=90.04.0B.00.90" }
+"#,
+        );
+        let misses: Vec<String> = check(&wide, &inv).iter().map(|m| m.to_string()).collect();
+        assert_eq!(misses.len(), 4, "{misses:#?}");
+        assert!(
+            misses
+                .iter()
+                .any(|m| m.contains("0000:02:00.0") && m.contains("x8")),
+            "{misses:#?}"
+        );
+        assert!(
+            misses
+                .iter()
+                .any(|m| m.contains("gpu:0000:01:00.0") && m.contains("90.04.0B.00.8F")),
+            "{misses:#?}"
+        );
+
+        // The A100 host's NV12 meets 12 and fails 18.
+        let topo = parse_topo(&fixture("a100x8-topo-m.txt")).unwrap();
+        let mut inv = Inventory {
+            pci: (0..8)
+                .map(|i| nvidia_fn(&format!("0000:{:02x}:00.0", 0x10 + i), Some(0)))
+                .collect(),
+            ..Inventory::default()
+        };
+        merge(&mut inv, None, Some(&topo));
+        let nv = |n: u32| {
+            profile(&format!(
+                "[[profiles]]\nname = \"hgx\"\nnvlinks_per_gpu = {n}\n"
+            ))
+        };
+        assert_eq!(check(&nv(12), &inv), vec![]);
+        assert_eq!(check(&nv(18), &inv).len(), 8);
+    }
 }
