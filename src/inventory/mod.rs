@@ -161,7 +161,8 @@ pub struct Gpu {
     pub vbios: String,
     /// Active NVLinks, where the tool reports them: the widest bonded set to any peer
     /// in `nvidia-smi topo -m` (`NV18` on an HGX H100, whose NVSwitches give every peer
-    /// the GPU's full width).
+    /// the GPU's full width; on a point-to-point mesh such as a DGX-1 the per-peer
+    /// counts are in `nvlink_peers`).
     pub nvlinks: Option<u32>,
     pub numa_node: Option<u32>,
     /// Board serial from `nvidia-smi` (empty where it says `N/A`).
@@ -170,8 +171,9 @@ pub struct Gpu {
     pub driver: String,
     /// NVLinks to each peer GPU, by the peer's PCI address.
     pub nvlink_peers: BTreeMap<String, u32>,
-    /// How this GPU reaches each NIC (RDMA device name as `topo -m` names it: `mlx5_0`):
-    /// `PIX`, `PXB`, `PHB`, `NODE` or `SYS`, nearest first.
+    /// How this GPU reaches each NIC, by RDMA device name as `topo -m` names it
+    /// (`mlx5_0`): `PIX` (one PCIe bridge), `PXB`, `PHB`, `NODE` (same NUMA node) or
+    /// `SYS` (across sockets).
     pub nic_affinity: BTreeMap<String, String>,
 }
 
