@@ -2,7 +2,8 @@
 //! temp tree in tests). A probe that finds nothing reports 0 or "": facts never fail.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::wire::{AgentFacts, DiskFact, NicFact};
 
@@ -142,7 +143,99 @@ pub fn nics(sys: &Path) -> Vec<NicFact> {
 /// CPU sockets/cores/threads (topology), NUMA nodes, memory, every PCI function with
 /// its link, NICs with speed, PCI address and NUMA node, disks. What the kernel does
 /// not expose stays empty.
+///
+/// Under the real root (`/`) GPUs are also asked about through `nvidia-smi` when it is
+/// on `PATH` (see [`nvidia`]); another root is a captured tree, where running the
+/// host's tool would describe the wrong machine.
 pub fn inventory(root: &Path) -> crate::inventory::Inventory {
+    let mut inv = sysfs_inventory(root);
+    if root == Path::new("/") {
+        nvidia(&mut inv, NVIDIA_SMI_TIMEOUT);
+    }
+    inv
+}
+
+/// How long each `nvidia-smi` call may take before it is killed: a wedged GPU makes it
+/// hang, and the inventory must never hold up a deploy.
+pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Adds what `nvidia-smi -q -x` and `nvidia-smi topo -m` say, when `nvidia-smi` is on
+/// `PATH`; each call is killed after `timeout`. A missing tool, a failed or slow call
+/// or unreadable output leaves the inventory as sysfs gave it (and says so on stderr).
+pub fn nvidia(inv: &mut crate::inventory::Inventory, timeout: Duration) {
+    use crate::inventory::nvidia as nv;
+    let Some(tool) = on_path("nvidia-smi") else {
+        return;
+    };
+    let smi = run_with_timeout(&tool, &["-q", "-x"], timeout).and_then(|xml| {
+        nv::parse_smi(&xml)
+            .map_err(|e| eprintln!("pxed-agent: {e}"))
+            .ok()
+    });
+    let topo = run_with_timeout(&tool, &["topo", "-m"], timeout).and_then(|text| {
+        nv::parse_topo(&text)
+            .map_err(|e| eprintln!("pxed-agent: {e}"))
+            .ok()
+    });
+    nv::merge(inv, smi.as_ref(), topo.as_ref());
+}
+
+/// The first executable `name` in the directories of `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Runs `cmd args`, killing it after `timeout`; its stdout when it exits 0 in time.
+/// Stdout is drained on a thread so a large report cannot block the child on a full
+/// pipe while we wait.
+fn run_with_timeout(cmd: &Path, args: &[&str], timeout: Duration) -> Option<String> {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| eprintln!("pxed-agent: {}: {e}", cmd.display()))
+        .ok()?;
+    let mut stdout = child.stdout.take()?;
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        stdout.read_to_end(&mut out).map(|_| out)
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) | Err(_) => {
+                eprintln!(
+                    "pxed-agent: {} {} gave no answer within {timeout:?}; killed",
+                    cmd.display(),
+                    args.join(" ")
+                );
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    };
+    let out = reader.join().ok()?.ok()?;
+    if !status.success() {
+        eprintln!("pxed-agent: {} {}: {status}", cmd.display(), args.join(" "));
+        return None;
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// [`inventory`] from sysfs and procfs alone.
+pub fn sysfs_inventory(root: &Path) -> crate::inventory::Inventory {
     use crate::inventory::{Cpu, Disk, Inventory, Nic, System};
     let sys = root.join("sys");
     let facts = collect(root);
@@ -267,6 +360,7 @@ pub fn pci(sys: &Path) -> Vec<crate::inventory::PciDevice> {
                 numa_node: read_trim(&d.join("numa_node")).and_then(|s| s.parse::<u32>().ok()),
                 link: link(&d, "current"),
                 max_link: link(&d, "max"),
+                revision: hex(&d, "revision").and_then(|v| u8::try_from(v).ok()),
                 address,
                 ..Default::default()
             }
@@ -438,5 +532,133 @@ mod tests {
         assert_eq!(g.link.unwrap().to_string(), "32 GT/s x4");
         assert_eq!(g.max_link.unwrap().width, 16);
         assert!(g.is_accelerator() && !v[0].is_accelerator());
+    }
+
+    /// Unpacks a ttar archive (prometheus/procfs's text format for sysfs trees:
+    /// `Directory:`, `Path:` with `Lines:` or `SymlinkTo:`, `Mode:`; `#` lines between
+    /// entries) under `root`, dropping the archive's leading `fixtures/`.
+    fn untar_ttar(text: &str, root: &Path) {
+        let mut lines = text.lines();
+        let rel = |p: &str| root.join(p.strip_prefix("fixtures/").unwrap_or(p));
+        while let Some(line) = lines.next() {
+            if let Some(d) = line.strip_prefix("Directory: ") {
+                fs::create_dir_all(rel(d)).unwrap();
+            } else if let Some(p) = line.strip_prefix("Path: ") {
+                let path = rel(p);
+                fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let next = lines.next().unwrap();
+                if let Some(target) = next.strip_prefix("SymlinkTo: ") {
+                    std::os::unix::fs::symlink(target, &path).unwrap();
+                } else {
+                    let n: usize = next.strip_prefix("Lines: ").unwrap().parse().unwrap();
+                    let mut content = String::new();
+                    for l in lines.by_ref().take(n) {
+                        // `EOF` marks a last line without a newline.
+                        match l.strip_suffix("EOF") {
+                            Some(l) => content.push_str(l),
+                            None => {
+                                content.push_str(l);
+                                content.push('\n');
+                            }
+                        }
+                    }
+                    fs::write(&path, content.replace("NULLBYTE", "\0")).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pci_from_a_real_sysfs_tree() {
+        let text = fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/sysfs/procfs-pci.ttar"
+        ))
+        .unwrap();
+        let t = tempfile::tempdir().unwrap();
+        untar_ttar(&text, t.path());
+        let v = pci(&t.path().join("sys"));
+        let addrs: Vec<&str> = v.iter().map(|d| d.address.as_str()).collect();
+        assert_eq!(addrs, ["0000:00:02.1", "0000:01:00.0", "0000:a2:00.0"]);
+        // An AMD root port whose link trained at x4 of x8: what a width gate catches.
+        let port = &v[0];
+        assert_eq!(
+            (port.class, port.vendor_id, port.device_id),
+            (0x060400, 0x1022, 0x1634)
+        );
+        assert_eq!(port.link.unwrap().to_string(), "8 GT/s x4");
+        assert_eq!(port.max_link.unwrap().width, 8);
+        assert_eq!(port.numa_node, None, "numa_node -1 is no node");
+        assert_eq!(port.revision, Some(0));
+        // The NVMe drive behind it.
+        let nvme = &v[1];
+        assert_eq!(
+            (nvme.class, nvme.vendor_id, nvme.device_id),
+            (0x010802, 0xc0a9, 0x540a)
+        );
+        assert_eq!(
+            (nvme.subsystem_vendor_id, nvme.subsystem_device_id),
+            (0xc0a9, 0x5021)
+        );
+        assert_eq!(nvme.link, nvme.max_link);
+        assert_eq!(nvme.revision, Some(1));
+        // An Intel E810 on the second socket.
+        let nic = &v[2];
+        assert_eq!(
+            (nic.class, nic.vendor_id, nic.device_id),
+            (0x020000, 0x8086, 0x159b)
+        );
+        assert_eq!(nic.numa_node, Some(1));
+        assert_eq!(nic.link.unwrap().to_string(), "16 GT/s x8");
+        assert_eq!(nic.revision, Some(2));
+        assert!(!v.iter().any(|d| d.is_accelerator()));
+    }
+
+    #[test]
+    fn slow_or_failing_tools_are_cut_off() {
+        let sh = Path::new("/bin/sh");
+        assert_eq!(
+            run_with_timeout(sh, &["-c", "echo topo"], Duration::from_secs(5)).as_deref(),
+            Some("topo\n")
+        );
+        assert_eq!(
+            run_with_timeout(sh, &["-c", "echo x; exit 3"], Duration::from_secs(5)),
+            None
+        );
+        let start = Instant::now();
+        assert_eq!(
+            run_with_timeout(sh, &["-c", "sleep 30"], Duration::from_millis(200)),
+            None
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        // More than a pipe buffer of output does not wedge the wait.
+        let big = run_with_timeout(
+            sh,
+            &["-c", "head -c 1000000 /dev/zero | tr '\\0' a"],
+            Duration::from_secs(10),
+        );
+        assert_eq!(big.map(|s| s.len()), Some(1_000_000));
+        assert_eq!(
+            run_with_timeout(
+                Path::new("/nonexistent/nvidia-smi"),
+                &[],
+                Duration::from_secs(1)
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_captured_root_does_not_run_the_hosts_tools() {
+        // The test host may well have nvidia-smi; a tree under a temp root must not
+        // pick up its GPUs.
+        let t = tempfile::tempdir().unwrap();
+        assert!(inventory(t.path()).gpus.is_empty());
+        assert_eq!(on_path("surely-not-a-command-pxed"), None);
+        assert!(on_path("sh").is_some());
     }
 }

@@ -7,6 +7,8 @@
 //! diff names the device that went away or changed, not a position in a list.
 
 pub mod gate;
+pub mod lspci;
+pub mod nvidia;
 pub mod profile;
 pub mod redfish;
 
@@ -96,6 +98,8 @@ pub struct PciDevice {
     /// The link as trained now, and the most the device and slot can do.
     pub link: Option<Link>,
     pub max_link: Option<Link>,
+    /// Revision ID (sysfs `revision`, lspci `Rev`), where the reporter read it.
+    pub revision: Option<u8>,
 }
 
 impl PciDevice {
@@ -157,9 +161,22 @@ pub struct Gpu {
     pub model: String,
     pub uuid: String,
     pub vbios: String,
-    /// Active NVLinks, where the tool reports them.
+    /// Active NVLinks, where the tool reports them: the widest bonded set to any peer
+    /// in `nvidia-smi topo -m` (`NV18` on an HGX H100, whose NVSwitches give every peer
+    /// the GPU's full width; on a point-to-point mesh such as a DGX-1 the per-peer
+    /// counts are in `nvlink_peers`).
     pub nvlinks: Option<u32>,
     pub numa_node: Option<u32>,
+    /// Board serial from `nvidia-smi` (empty where it says `N/A`).
+    pub serial: String,
+    /// Driver version that reported this GPU.
+    pub driver: String,
+    /// NVLinks to each peer GPU, by the peer's PCI address.
+    pub nvlink_peers: BTreeMap<String, u32>,
+    /// How this GPU reaches each NIC, by RDMA device name as `topo -m` names it
+    /// (`mlx5_0`): `PIX` (one PCIe bridge), `PXB`, `PHB`, `NODE` (same NUMA node) or
+    /// `SYS` (across sockets).
+    pub nic_affinity: BTreeMap<String, String>,
 }
 
 /// A network port.
@@ -359,14 +376,28 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
                         true,
                     );
                 }
+                // Fewer lanes is a loss (a bad riser, a card half out of its slot). A
+                // lower current speed is only reported: GPUs and NICs lower their link
+                // speed when idle (ASPM), so it differs from boot to boot on healthy
+                // machines. A lower maximum (the device's own capability) is a
+                // different card.
                 if let (Some(ol), Some(nl)) = (o.link, n.link) {
-                    let narrower = nl.width < ol.width || nl.speed_gts < ol.speed_gts;
                     worse(
                         out,
                         format!("{what} link"),
                         ol.to_string(),
                         nl.to_string(),
-                        narrower,
+                        nl.width < ol.width,
+                    );
+                }
+                if let (Some(ol), Some(nl)) = (o.max_link, n.max_link) {
+                    let lower = nl.width < ol.width || nl.speed_gts < ol.speed_gts;
+                    worse(
+                        out,
+                        format!("{what} max link"),
+                        ol.to_string(),
+                        nl.to_string(),
+                        lower,
                     );
                 }
             },

@@ -252,6 +252,9 @@ pub struct DeviceRule {
     pub count: Count,
     #[serde(default)]
     pub min_link_width: Option<u32>,
+    /// Checked against the link's current speed: GPUs lower it when idle (ASPM), so
+    /// on GPUs prefer `min_link_width`, or a profile health check that loads the GPU
+    /// and checks its speed under load.
     #[serde(default)]
     pub min_link_speed_gts: Option<f32>,
 }

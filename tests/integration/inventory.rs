@@ -1,7 +1,6 @@
 //! Inventory collection against a real peer: what the deploy agent reads from this
 //! machine's sysfs agrees with pciutils' `lspci -vmm -nn -D` on the same machine.
 
-use std::collections::BTreeMap;
 use std::process::Command;
 
 use crate::common::{need, pxed_bin, run};
@@ -13,29 +12,13 @@ fn agent_inventory() -> serde_json::Value {
     serde_json::from_str(&out).unwrap()
 }
 
-/// `lspci -vmm -nn -D` records by slot: field name to the `[hex]` at the end of its
-/// value (`Class: 3D controller [0302]` → `0302`), or the whole value without one.
-fn lspci() -> BTreeMap<String, BTreeMap<String, String>> {
+/// `lspci -vmm -nn -D` on this machine, read by pxed's own lspci parser (the one the
+/// server uses for an installer node's report).
+fn lspci() -> Vec<pxed::inventory::PciDevice> {
     need("lspci");
     let (ok, out, err) = run(Command::new("lspci").args(["-vmm", "-nn", "-D"]));
     assert!(ok, "lspci: {err}");
-    let mut all = BTreeMap::new();
-    for rec in out.split("\n\n").filter(|r| !r.trim().is_empty()) {
-        let mut f = BTreeMap::new();
-        for line in rec.lines() {
-            let Some((k, v)) = line.split_once(":\t") else {
-                continue;
-            };
-            let v = v.trim();
-            let id = v
-                .rsplit_once('[')
-                .and_then(|(_, t)| t.strip_suffix(']'))
-                .unwrap_or(v);
-            f.insert(k.to_string(), id.to_string());
-        }
-        all.insert(f["Slot"].clone(), f);
-    }
-    all
+    pxed::inventory::lspci::parse(&out).unwrap()
 }
 
 #[test]
@@ -44,33 +27,30 @@ fn sysfs_pci_agrees_with_lspci() {
     let inv: pxed::inventory::Inventory = serde_json::from_value(agent_inventory()).unwrap();
     let got = &inv.pci;
     assert!(!got.is_empty(), "no PCI functions in /sys");
+    let mut want_addrs: Vec<String> = want.iter().map(|d| d.address.clone()).collect();
+    want_addrs.sort();
     assert_eq!(
         got.iter().map(|d| d.address.clone()).collect::<Vec<_>>(),
-        want.keys().cloned().collect::<Vec<_>>()
+        want_addrs
     );
     for d in got {
-        let l = &want[&d.address];
-        let hex = |k: &str| u32::from_str_radix(&l[k], 16).unwrap();
-        assert_eq!(d.class >> 8, hex("Class"), "{}", d.address);
-        assert_eq!(u32::from(d.vendor_id), hex("Vendor"), "{}", d.address);
-        assert_eq!(u32::from(d.device_id), hex("Device"), "{}", d.address);
-        assert_eq!(d.class & 0xff, hex("ProgIf"), "{}", d.address);
-        if l.contains_key("SVendor") {
-            assert_eq!(
-                u32::from(d.subsystem_vendor_id),
-                hex("SVendor"),
-                "{}",
-                d.address
-            );
-            assert_eq!(
-                u32::from(d.subsystem_device_id),
-                hex("SDevice"),
-                "{}",
-                d.address
-            );
+        let l = want.iter().find(|l| l.address == d.address).unwrap();
+        let ids = |d: &pxed::inventory::PciDevice| {
+            (
+                d.class,
+                d.vendor_id,
+                d.device_id,
+                d.subsystem_vendor_id,
+                d.subsystem_device_id,
+            )
+        };
+        assert_eq!(ids(d), ids(l), "{}", d.address);
+        // lspci leaves out Rev 00 and NUMANode where the platform has none.
+        if l.revision.is_some() {
+            assert_eq!(d.revision, l.revision, "{}", d.address);
         }
-        if let Some(n) = l.get("NUMANode") {
-            assert_eq!(d.numa_node, n.parse().ok(), "{}", d.address);
+        if l.numa_node.is_some() {
+            assert_eq!(d.numa_node, l.numa_node, "{}", d.address);
         }
     }
 }
