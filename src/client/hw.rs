@@ -6,7 +6,6 @@ use reqwest::Method;
 
 use super::{Api, ApiArgs, ClientError, or_dash, print_json, table};
 use crate::http::hardware::{Accepted, NodeInventory, Profiles, QueryHit};
-use crate::inventory::Inventory;
 
 /// `pxed profile ...`.
 #[derive(Subcommand, Debug)]
@@ -166,65 +165,6 @@ async fn inventory_of(
     api.call(Method::GET, &path, None, &[]).await
 }
 
-/// Lines summarising an inventory, for `node inventory` and `node show`.
-pub(super) fn summary(inv: &Inventory) -> Vec<String> {
-    let mut out = vec![format!(
-        "system: {} {} serial {}",
-        inv.system.vendor, inv.system.model, inv.system.serial
-    )];
-    out.push(format!(
-        "cpu: {} ({} sockets, {} cores, {} threads), {} NUMA nodes, {} MiB",
-        inv.cpu.model,
-        inv.cpu.sockets,
-        inv.cpu.cores,
-        inv.cpu.threads,
-        inv.numa_nodes,
-        inv.memory_mib
-    ));
-    for d in inv.pci.iter().filter(|d| d.is_accelerator()) {
-        out.push(format!(
-            "accelerator {} {} numa {} link {} (max {})",
-            d.address,
-            d.identifier(),
-            or_dash(&d.numa_node),
-            or_dash(&d.link),
-            or_dash(&d.max_link)
-        ));
-    }
-    for g in &inv.gpus {
-        out.push(format!(
-            "gpu {} {} uuid {} vbios {} nvlinks {}",
-            g.pci_address,
-            g.model,
-            g.uuid,
-            g.vbios,
-            or_dash(&g.nvlinks)
-        ));
-    }
-    for n in &inv.nics {
-        out.push(format!(
-            "nic {} {} {} {} Mb/s link {} numa {}",
-            n.name,
-            n.mac,
-            n.driver,
-            or_dash(&n.speed_mbps),
-            if n.link_up { "up" } else { "down" },
-            or_dash(&n.numa_node)
-        ));
-    }
-    for d in &inv.disks {
-        out.push(format!(
-            "disk {} {} serial {} {} bytes",
-            d.name, d.model, d.serial, d.size_bytes
-        ));
-    }
-    for (k, v) in &inv.firmware {
-        out.push(format!("firmware {k} {v}"));
-    }
-    out.push(format!("{} PCI functions", inv.pci.len()));
-    out
-}
-
 /// `pxed node inventory`.
 pub(super) async fn node_inventory(
     node: &str,
@@ -272,7 +212,7 @@ pub(super) fn print_hardware(v: &NodeInventory, full: bool) {
         .collect();
     println!("generation {g} reported by {}", sources.join(", "));
     if full && let Some(inv) = &v.inventory {
-        for l in summary(inv) {
+        for l in crate::inventory::summary(inv) {
             println!("  {l}");
         }
     }

@@ -139,6 +139,12 @@ pub struct PageQuery {
     pub label: Option<String>,
     #[serde(default, deserialize_with = "empty_as_none")]
     pub q: Option<String>,
+    /// Held to this hardware profile.
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub profile: Option<String>,
+    /// `true`: lost hardware since the accepted baseline; `false`: did not.
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub drifted: Option<bool>,
 }
 
 impl PageQuery {
@@ -152,6 +158,8 @@ impl PageQuery {
                 .as_deref()
                 .and_then(crate::store::board::NodeFilter::label_of),
             text: self.q.clone(),
+            profile: self.profile.clone(),
+            drifted: self.drifted,
         }
     }
 
@@ -168,6 +176,8 @@ impl PageQuery {
         add("arch", self.arch.map(|a| a.to_string()));
         add("label", self.label.clone());
         add("q", self.q.clone());
+        add("profile", self.profile.clone());
+        add("drifted", self.drifted.map(|d| d.to_string()));
         parts.join("&")
     }
 }

@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use super::api::{find, view};
-use super::error::{ApiError, JsonBody, QueryParams};
+use super::error::{ApiError, QueryParams};
 use crate::inventory::gate::Verdict;
 use crate::inventory::profile::{self, Count, DeviceRule, Glob, Miss, Profile};
 use crate::inventory::{Change, Inventory};
@@ -165,8 +165,15 @@ pub struct Accepted {
 async fn accept(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
-    JsonBody(a): JsonBody<Accept>,
+    body: axum::body::Bytes,
 ) -> Result<Json<Accepted>, ApiError> {
+    // An empty body (the board's button) accepts the newest under the same profile.
+    let a: Accept = if body.is_empty() {
+        Accept::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
     let n = find(&st, &id).await?;
     let mut hw = st.store.hardware(n.id).await?;
     let rows = st.store.inventories(n.id).await?;

@@ -246,6 +246,10 @@ pub struct Status {
     pub arch: Option<String>,
     pub label: Option<String>,
     pub q: Option<String>,
+    pub profile: Option<String>,
+    pub drifted: Option<bool>,
+    /// The configured hardware profiles (the filter's choices).
+    pub profiles: Vec<String>,
     /// The filters as a query string (for links to the same selection).
     pub query: String,
     /// Nodes on this page past their stage's expected duration.
@@ -258,7 +262,12 @@ pub struct Status {
 impl Status {
     /// Whether any filter is set.
     pub fn filtered(&self) -> bool {
-        self.state.is_some() || self.arch.is_some() || self.label.is_some() || self.q.is_some()
+        self.state.is_some()
+            || self.arch.is_some()
+            || self.label.is_some()
+            || self.q.is_some()
+            || self.profile.is_some()
+            || self.drifted.is_some()
     }
 }
 
@@ -300,6 +309,9 @@ async fn status(st: &AppState, q: &PageQuery) -> Result<Status, ApiError> {
         arch: q.arch.map(|a| a.to_string()),
         label: q.label.clone(),
         q: q.q.clone(),
+        profile: q.profile.clone(),
+        drifted: q.drifted,
+        profiles: st.cfg.profiles.iter().map(|p| p.name.clone()).collect(),
         next: p.next,
         generated_at: crate::store::nodes::now(),
     })
@@ -400,6 +412,18 @@ fn buttons(n: &NodeView, has_bmc: bool) -> Vec<Button> {
             reason: false,
         },
         Button {
+            id: "accept-hardware",
+            label: "accept hardware",
+            method: "POST",
+            path: format!("/nodes/{id}/inventory/accept"),
+            off: (!(n.state == S::Quarantined
+                && n.failed_reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("inventory:"))))
+            .then(|| "the acceptance gate did not quarantine it".to_string()),
+            reason: false,
+        },
+        Button {
             id: "quarantine",
             label: "quarantine",
             method: "POST",
@@ -427,8 +451,80 @@ struct NodePage<'a> {
     wire: &'a [WireRow],
     log: &'a [crate::wire::InstallLogLine],
     buttons: &'a [Button],
+    hardware: &'a HardwareView,
     axis_width: f64,
     generated_at: &'a str,
+}
+
+/// The node page's hardware section.
+struct HardwareView {
+    profile: String,
+    baseline: String,
+    gate: String,
+    /// The newest generation with an inventory, and who reported it.
+    reported: String,
+    lines: Vec<String>,
+    /// Changes since the baseline: text and whether it is a loss.
+    changes: Vec<(String, bool)>,
+}
+
+async fn hardware_view(st: &AppState, id: i64) -> Result<HardwareView, ApiError> {
+    let hw = st.store.hardware(id).await?;
+    let rows = st.store.inventories(id).await?;
+    let generation = rows
+        .iter()
+        .find(|r| r.source.in_band())
+        .or(rows.first())
+        .map(|r| r.generation);
+    let inv = generation.and_then(|g| {
+        crate::hardware::of_generation(&rows, g).or_else(|| {
+            rows.iter()
+                .find(|r| r.generation == g)
+                .map(|r| r.inventory.clone())
+        })
+    });
+    let verdict =
+        generation.and_then(|g| crate::hardware::verdict(&st.cfg.profiles, &hw, &rows, g));
+    Ok(HardwareView {
+        profile: hw.profile.clone().unwrap_or_else(|| "none".into()),
+        baseline: hw
+            .baseline_generation
+            .map_or_else(|| "none yet".into(), |g| format!("generation {g}")),
+        gate: match (hw.checked_generation, hw.passed) {
+            (Some(g), Some(true)) => format!("passed in generation {g}"),
+            (Some(g), Some(false)) => format!(
+                "failed in generation {g}: {}",
+                hw.verdict.as_ref().map(|v| v.reason()).unwrap_or_default()
+            ),
+            _ => "not run yet".into(),
+        },
+        reported: match generation {
+            None => String::new(),
+            Some(g) => format!(
+                "generation {g}, from {}",
+                rows.iter()
+                    .filter(|r| r.generation == g)
+                    .map(|r| match r.took_ms {
+                        Some(ms) => format!("{} ({ms} ms)", r.source),
+                        None => r.source.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        lines: inv
+            .as_ref()
+            .map(crate::inventory::summary)
+            .unwrap_or_default(),
+        changes: verdict
+            .map(|v| {
+                v.changes
+                    .iter()
+                    .map(|c| (c.to_string(), c.degraded))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    })
 }
 
 /// One stage seen on the wire, as the node page lists it.
@@ -510,6 +606,7 @@ async fn node_page(
     );
     let reason = board::reason_of(&n);
     let buttons = buttons(&n, bmc.is_some());
+    let hardware = hardware_view(&st, id).await?;
     render(NodePage {
         n: &n,
         title: &title,
@@ -524,6 +621,7 @@ async fn node_page(
         wire: &wire,
         log: &log,
         buttons: &buttons,
+        hardware: &hardware,
         axis_width: board::AXIS_WIDTH,
         generated_at: &crate::store::nodes::now(),
     })

@@ -301,6 +301,69 @@ fn keyed<'a, T>(
     }
 }
 
+fn dash<T: fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".into(), T::to_string)
+}
+
+/// Lines summarising an inventory, for `pxed node inventory` and the node page.
+pub fn summary(inv: &Inventory) -> Vec<String> {
+    let mut out = vec![format!(
+        "system: {} {} serial {}",
+        inv.system.vendor, inv.system.model, inv.system.serial
+    )];
+    out.push(format!(
+        "cpu: {} ({} sockets, {} cores, {} threads), {} NUMA nodes, {} MiB",
+        inv.cpu.model,
+        inv.cpu.sockets,
+        inv.cpu.cores,
+        inv.cpu.threads,
+        inv.numa_nodes,
+        inv.memory_mib
+    ));
+    for d in inv.pci.iter().filter(|d| d.is_accelerator()) {
+        out.push(format!(
+            "accelerator {} {} numa {} link {} (max {})",
+            d.address,
+            d.identifier(),
+            dash(&d.numa_node),
+            dash(&d.link),
+            dash(&d.max_link)
+        ));
+    }
+    for g in &inv.gpus {
+        out.push(format!(
+            "gpu {} {} uuid {} vbios {} nvlinks {}",
+            g.pci_address,
+            g.model,
+            g.uuid,
+            g.vbios,
+            dash(&g.nvlinks)
+        ));
+    }
+    for n in &inv.nics {
+        out.push(format!(
+            "nic {} {} {} {} Mb/s link {} numa {}",
+            n.name,
+            n.mac,
+            n.driver,
+            dash(&n.speed_mbps),
+            if n.link_up { "up" } else { "down" },
+            dash(&n.numa_node)
+        ));
+    }
+    for d in &inv.disks {
+        out.push(format!(
+            "disk {} {} serial {} {} bytes",
+            d.name, d.model, d.serial, d.size_bytes
+        ));
+    }
+    for (k, v) in &inv.firmware {
+        out.push(format!("firmware {k} {v}"));
+    }
+    out.push(format!("{} PCI functions", inv.pci.len()));
+    out
+}
+
 /// `in_band` (what the machine's OS saw) completed with what only the BMC reported:
 /// system identity the OS left empty, and firmware components the OS cannot read
 /// (BMC, NIC, GPU firmware as `UpdateService` lists them). The OS's own values win.

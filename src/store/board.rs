@@ -21,6 +21,10 @@ pub struct NodeFilter {
     pub label: Option<(String, Option<String>)>,
     /// Free text: part of a MAC (any separators), of the name or of the hostname.
     pub text: Option<String>,
+    /// Held to this hardware profile.
+    pub profile: Option<String>,
+    /// Lost hardware since its baseline (`true`) or not (`false`).
+    pub drifted: Option<bool>,
 }
 
 impl NodeFilter {
@@ -106,6 +110,8 @@ impl Store {
             .filter(|t| !t.is_empty());
         let name_like = text.map(like);
         let mac_like = text.and_then(mac_fragment).map(|h| like(&h));
+        let profile = filter.profile.as_deref();
+        let drifted = filter.drifted;
         let nodes = sqlx::query_as!(
             NodeRow,
             r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at
@@ -117,6 +123,8 @@ impl Store {
                  AND (?6 IS NULL
                       OR name LIKE ?6 ESCAPE '\' OR hostname LIKE ?6 ESCAPE '\'
                       OR (?7 IS NOT NULL AND EXISTS (SELECT 1 FROM interfaces i WHERE i.node_id = nodes.id AND replace(i.mac, ':', '') LIKE ?7 ESCAPE '\')))
+                 AND (?9 IS NULL OR EXISTS (SELECT 1 FROM node_hardware h WHERE h.node_id = nodes.id AND h.profile = ?9))
+                 AND (?10 IS NULL OR COALESCE((SELECT h.drifted FROM node_hardware h WHERE h.node_id = nodes.id), 0) = ?10)
                ORDER BY id LIMIT ?8"#,
             after,
             filter.state,
@@ -125,7 +133,9 @@ impl Store {
             label_value,
             name_like,
             mac_like,
-            limit
+            limit,
+            profile,
+            drifted
         )
         .fetch_all(&self.pool)
         .await?;
@@ -253,7 +263,7 @@ mod tests {
             label: NodeFilter::label_of(label),
             text: text.map(str::to_string),
             arch,
-            state: None,
+            ..NodeFilter::default()
         };
         assert_eq!(ids(f("rack=r12", None, None)).await, [a, c]);
         assert_eq!(ids(f("rack", None, None)).await, [a, b, c]);
@@ -274,6 +284,40 @@ mod tests {
             ..NodeFilter::default()
         };
         assert!(ids(s).await.is_empty());
+        // Hardware: a held to profile hgx and as accepted, b drifted, c never checked.
+        use crate::inventory::gate::Verdict;
+        use crate::inventory::{Change, ChangeKind};
+        let ok = Verdict {
+            profile: Some("hgx".into()),
+            ..Verdict::default()
+        };
+        store
+            .record_gate(a, 1, State::FirstBoot, &ok)
+            .await
+            .unwrap();
+        let lost = Verdict {
+            changes: vec![Change {
+                what: "pci 0000:18:00.0".into(),
+                kind: ChangeKind::Removed,
+                before: "[10de:2330]".into(),
+                after: String::new(),
+                degraded: true,
+            }],
+            ..Verdict::default()
+        };
+        store
+            .record_gate(b, 1, State::FirstBoot, &lost)
+            .await
+            .unwrap();
+        let hw = |profile: Option<&str>, drifted| NodeFilter {
+            profile: profile.map(str::to_string),
+            drifted,
+            ..NodeFilter::default()
+        };
+        assert_eq!(ids(hw(Some("hgx"), None)).await, [a]);
+        assert_eq!(ids(hw(None, Some(true))).await, [b]);
+        assert_eq!(ids(hw(None, Some(false))).await, [a, c]);
+        assert_eq!(ids(hw(Some("hgx"), Some(true))).await, Vec::<i64>::new());
         // Paging: after and limit, and each row has its MACs and labels.
         let page = store
             .nodes_filtered(a, 1, &NodeFilter::default())

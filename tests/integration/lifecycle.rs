@@ -2067,6 +2067,60 @@ async fn the_acceptance_gate_quarantines_lost_hardware_until_it_is_accepted() {
     assert_eq!(hits[0]["node_id"], id);
     let hits = get("/inventory/query?gpu=*H100*&gpus=2..".into()).await;
     assert_eq!(hits, json!([]), "the node has one GPU now");
+    // The technician sees it: the board filters on drifted, the node page names the
+    // lost device and offers the accept button.
+    let page = async |path: String| {
+        let r = h
+            .http
+            .get(format!("{}{path}", h.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        r.text().await.unwrap()
+    };
+    let board = page("/status.json?drifted=true".into()).await;
+    let board: Value = serde_json::from_str(&board).unwrap();
+    assert_eq!(board["nodes"].as_array().unwrap().len(), 1, "{board}");
+    let board: Value =
+        serde_json::from_str(&page("/status.json?drifted=false".into()).await).unwrap();
+    assert_eq!(board["nodes"], json!([]), "{board}");
+    let html = page(format!("/nodes/{id}")).await;
+    assert!(html.contains("lost: pci 0000:2a:00.0 removed"), "{html}");
+    assert!(html.contains("accept hardware"), "{html}");
+    assert!(
+        !html.contains("the acceptance gate did not quarantine it"),
+        "{html}"
+    );
+
+    // The same through the CLI, as an operator runs it against this server.
+    let cli = async |args: &[&str]| {
+        let out = tokio::process::Command::new(crate::common::pxed_bin())
+            .args(args)
+            .args(["--url", &h.base])
+            .env("PXED_API_TOKEN", TOKEN)
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let id_s = id.to_string();
+    let m = cli(&["profile", "match", &id_s]).await;
+    assert!(m.contains("held to profile hgx"), "{m}");
+    assert!(m.contains("hgx: does not match"), "{m}");
+    assert!(m.contains("gpus[0] *H100* x2: 1 match"), "{m}");
+    let inv = cli(&["node", "inventory", &id_s]).await;
+    assert!(inv.contains("LOST pci 0000:2a:00.0 removed"), "{inv}");
+    assert!(inv.contains("deploy (850 ms)"), "{inv}");
+    let q = cli(&["node", "query", "--drifted"]).await;
+    assert_eq!(q.lines().count(), 2, "{q}");
 
     // Accepting under the same profile would quarantine it again: refused.
     let path = format!("/nodes/{id}/inventory/accept");
