@@ -399,7 +399,9 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
             "memory".into(),
             format!("{} MiB", old.memory_mib),
             format!("{} MiB", new.memory_mib),
-            new.memory_mib < old.memory_mib,
+            // MemTotal moves by a few MiB between kernels and boots (reservations):
+            // a loss is more than 2%, a DIMM's worth on any real machine.
+            new.memory_mib < old.memory_mib - old.memory_mib / 50,
         );
     }
     if known(old.cpu.cores.into(), new.cpu.cores.into()) {
@@ -630,6 +632,20 @@ mod tests {
             serde_json::from_str(r#"{"vendor_id": 4318, "device_id": "0x2330"}"#).unwrap();
         assert_eq!((n.vendor_id, n.device_id), (0x10de, 0x2330));
         assert!(serde_json::from_str::<PciDevice>(r#"{"vendor_id": "10000"}"#).is_err());
+    }
+
+    #[test]
+    fn memory_that_moved_by_a_few_mib_is_reported_a_lost_dimm_is_a_loss() {
+        let old = Inventory {
+            memory_mib: 15_990,
+            ..Inventory::default()
+        };
+        let mut new = old.clone();
+        new.memory_mib = 15_950;
+        let d = diff(&old, &new);
+        assert_eq!((d.len(), d[0].degraded), (1, false), "{d:?}");
+        new.memory_mib = 11_990;
+        assert!(diff(&old, &new)[0].degraded);
     }
 
     #[test]
