@@ -130,7 +130,10 @@ nics_json() {
 }
 
 inventory_json() {
-    nodes=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | grep -c .)
+    nodes=0
+    for n in /sys/devices/system/node/node[0-9]*; do
+        [ -d "$n" ] && nodes=$((nodes + 1))
+    done
     printf '{"arch":%s,"cpu":{"model":%s,"cores":%s,"threads":%s},"numa_nodes":%s,"memory_mib":%s,"system":{"vendor":%s,"model":%s,"serial":%s},"firmware":{"bios":%s},"pci":%s,"nics":%s}' \
         "$(json_str "$(uname -m | sed -e 's/^aarch64$/arm64/')")" \
         "$(json_str "$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)")" \

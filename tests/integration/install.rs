@@ -778,9 +778,28 @@ async fn agent_reports_to_a_real_server() {
         HOST,
     )
     .unwrap();
+    // The node's profile checks: one passes, one exits wrong, one is slow, one's output
+    // lacks the text; quotes of both kinds survive the shell.
+    let check = |name: &str, command: &str, timeout_secs, output: Option<&str>| {
+        pxed::inventory::profile::HealthCheck {
+            name: name.into(),
+            command: command.into(),
+            timeout_secs,
+            exit: 0,
+            output: output.map(str::to_string),
+        }
+    };
+    let mut c = c;
+    c.health_checks = vec![
+        check("quoted", r#"printf '%s' "it's ok""#, 5, Some("it's ok")),
+        check("exits", "exit 3", 5, None),
+        check("slow", "sleep 30", 1, None),
+        check("lacks", "echo present", 5, Some("absent")),
+    ];
     let agent = install::firstboot_files(&c).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let script = write(dir.path(), "agent", &format!("{}\n", agent.script));
+    check_agent(dir.path(), &agent.script, &agent.unit);
     let done = dir.path().join("state/pxed-firstboot.done");
     let mut child = tokio::process::Command::new("sh")
         .arg(&script)
@@ -838,8 +857,29 @@ async fn agent_reports_to_a_real_server() {
         run(Command::new("uname").arg("-r")).1.trim()
     );
     let h: HealthReport = serde_json::from_str(&calls[2].2).unwrap();
+    // The inventory as this machine's sysfs has it: every PCI function, with IDs.
+    let inv = fb.inventory.expect("inventory in the first-boot report");
+    let functions = std::fs::read_dir("/sys/bus/pci/devices").map_or(0, |d| d.count());
+    assert_eq!(inv.pci.len(), functions, "{:?}", inv.pci);
+    assert!(
+        inv.pci
+            .iter()
+            .all(|d| d.vendor_id != 0 && d.address.len() == 12),
+        "{:?}",
+        inv.pci
+    );
+    assert_eq!(inv.cpu.threads as u64, fb.facts.cpus);
+    assert_eq!(inv.memory_mib, fb.facts.mem_kb / 1024);
     // This machine's hostname is not node-3a4b5c, so the name check must fail.
     assert_eq!(h.status, HealthStatus::Fail, "{}", h.detail);
+    for want in [
+        "exits: exit status 3, expected 0",
+        "slow: timed out after 1 s",
+        "lacks: output lacks \"absent\"",
+    ] {
+        assert!(h.detail.contains(want), "{want}: {}", h.detail);
+    }
+    assert!(!h.detail.contains("quoted"), "{}", h.detail);
     assert!(
         h.detail
             .contains(&format!("name: hostname is {}", fb.hostname)),
