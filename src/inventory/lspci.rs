@@ -103,12 +103,7 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> String {
-        let path = format!("{}/tests/fixtures/lspci/{name}", env!("CARGO_MANIFEST_DIR"));
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        text.lines()
-            .skip_while(|l| l.starts_with('#'))
-            .collect::<Vec<_>>()
-            .join("\n")
+        crate::inventory::tests::fixture("lspci", name)
     }
 
     #[test]

@@ -551,6 +551,17 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
 mod tests {
     use super::*;
 
+    /// A capture under `tests/fixtures/{dir}/`, without the leading `#` lines that
+    /// name its source.
+    pub(crate) fn fixture(dir: &str, name: &str) -> String {
+        let path = format!("{}/tests/fixtures/{dir}/{name}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        text.lines()
+            .skip_while(|l| l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     pub(crate) fn h100(address: &str, width: u32) -> PciDevice {
         PciDevice {
             address: address.into(),

@@ -472,16 +472,7 @@ mod tests {
     use crate::inventory::PciDevice;
 
     fn fixture(name: &str) -> String {
-        let path = format!(
-            "{}/tests/fixtures/nvidia/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // Text captures open with a `# Source:` line naming where they come from.
-        text.lines()
-            .skip_while(|l| l.starts_with('#'))
-            .collect::<Vec<_>>()
-            .join("\n")
+        crate::inventory::tests::fixture("nvidia", name)
     }
 
     #[test]

@@ -35,6 +35,35 @@ pub struct Hardware {
     pub checked_at: Option<String>,
 }
 
+/// A `node_hardware` row as stored.
+struct HardwareRecord {
+    node_id: i64,
+    profile: Option<String>,
+    baseline_generation: Option<i64>,
+    checked_generation: Option<i64>,
+    passed: Option<bool>,
+    drifted: bool,
+    verdict: Option<String>,
+    checked_at: Option<String>,
+}
+
+impl HardwareRecord {
+    fn into_parts(self) -> (i64, Hardware) {
+        (
+            self.node_id,
+            Hardware {
+                profile: self.profile,
+                baseline_generation: self.baseline_generation,
+                checked_generation: self.checked_generation,
+                passed: self.passed,
+                drifted: self.drifted,
+                verdict: self.verdict.and_then(|v| serde_json::from_str(&v).ok()),
+                checked_at: self.checked_at,
+            },
+        )
+    }
+}
+
 /// Most inventories kept per node (oldest generations go first; the baseline's stay).
 const KEEP_GENERATIONS: i64 = 20;
 
@@ -121,52 +150,29 @@ impl Store {
 
     /// The node's profile, baseline and last verdict (default: none yet).
     pub async fn hardware(&self, node_id: i64) -> Result<Hardware, StoreError> {
-        let r = sqlx::query!(
-            r#"SELECT profile, baseline_generation, checked_generation,
+        let r = sqlx::query_as!(
+            HardwareRecord,
+            r#"SELECT node_id, profile, baseline_generation, checked_generation,
                       passed AS "passed: bool", drifted AS "drifted: bool", verdict, checked_at
                FROM node_hardware WHERE node_id = ?"#,
             node_id
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(r.map(|r| Hardware {
-            profile: r.profile,
-            baseline_generation: r.baseline_generation,
-            checked_generation: r.checked_generation,
-            passed: r.passed,
-            drifted: r.drifted,
-            verdict: r.verdict.and_then(|v| serde_json::from_str(&v).ok()),
-            checked_at: r.checked_at,
-        })
-        .unwrap_or_default())
+        Ok(r.map(|r| r.into_parts().1).unwrap_or_default())
     }
 
     /// Every node's hardware row, by node id (nodes without one are absent).
     pub async fn hardware_all(&self) -> Result<Vec<(i64, Hardware)>, StoreError> {
-        let rows = sqlx::query!(
+        let rows = sqlx::query_as!(
+            HardwareRecord,
             r#"SELECT node_id, profile, baseline_generation, checked_generation,
                       passed AS "passed: bool", drifted AS "drifted: bool", verdict, checked_at
                FROM node_hardware ORDER BY node_id"#
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                (
-                    r.node_id,
-                    Hardware {
-                        profile: r.profile,
-                        baseline_generation: r.baseline_generation,
-                        checked_generation: r.checked_generation,
-                        passed: r.passed,
-                        drifted: r.drifted,
-                        verdict: r.verdict.and_then(|v| serde_json::from_str(&v).ok()),
-                        checked_at: r.checked_at,
-                    },
-                )
-            })
-            .collect())
+        Ok(rows.into_iter().map(HardwareRecord::into_parts).collect())
     }
 
     /// Records the gate's verdict for `generation`. A pass makes that generation the

@@ -2124,32 +2124,17 @@ async fn the_acceptance_gate_quarantines_lost_hardware_until_it_is_accepted() {
 
     // Accepting under the same profile would quarantine it again: refused.
     let path = format!("/nodes/{id}/inventory/accept");
-    let (s, v) = h
-        .api(reqwest::Method::POST, &path, Some(json!({})), None)
-        .await;
+    let accept = async |body: Value| h.api(reqwest::Method::POST, &path, Some(body), None).await;
+    let (s, v) = accept(json!({})).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (409, Some("profile_not_met")),
         "{v}"
     );
     assert_eq!(h.node(id).await["state"], "quarantined");
-    let (s, v) = h
-        .api(
-            reqwest::Method::POST,
-            &path,
-            Some(json!({"profile": "nope"})),
-            None,
-        )
-        .await;
+    let (s, v) = accept(json!({"profile": "nope"})).await;
     assert_eq!(s, 400, "{v}");
-    let (s, v) = h
-        .api(
-            reqwest::Method::POST,
-            &path,
-            Some(json!({"profile": ""})),
-            None,
-        )
-        .await;
+    let (s, v) = accept(json!({"profile": ""})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["node"]["state"], "available", "{v}");
     assert_eq!(v["generation"], 2);
