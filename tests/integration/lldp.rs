@@ -165,3 +165,39 @@ fn listening_without_a_neighbour_costs_the_window_once() {
     assert!(quiet >= WINDOW, "{quiet:?}");
     assert!(extra < WINDOW + Duration::from_secs(1), "{extra:?}");
 }
+
+/// The firmware (and, where sysfs has no driver link, the driver) the agent reads with
+/// ETHTOOL_GDRVINFO agrees with `ethtool -i` for every NIC of this machine.
+#[test]
+fn nic_driver_and_firmware_agree_with_ethtool() {
+    need("ethtool");
+    let (ok, out, err) = run(std::process::Command::new(pxed_bin()).args(["agent", "inventory"]));
+    assert!(ok, "pxed agent inventory: {err}");
+    let inv: Inventory = serde_json::from_str(&out).unwrap();
+    assert!(!inv.nics.is_empty(), "no NICs");
+    for nic in &inv.nics {
+        let (ok, out, err) = run(std::process::Command::new("ethtool").args(["-i", &nic.name]));
+        if !ok {
+            // No ethtool driver info (some virtual links): the agent left it empty.
+            assert_eq!(nic.firmware, "", "{}: {err}", nic.name);
+            continue;
+        }
+        let field = |k: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        let firmware = field("firmware-version:");
+        let want = if firmware == "N/A" {
+            String::new()
+        } else {
+            firmware
+        };
+        assert_eq!(nic.firmware, want, "{} firmware", nic.name);
+        assert_eq!(nic.driver, field("driver:"), "{} driver", nic.name);
+        if !want.is_empty() {
+            assert_eq!(inv.firmware.get(&format!("nic:{}", nic.mac)), Some(&want));
+        }
+    }
+}
