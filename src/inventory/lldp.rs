@@ -7,9 +7,10 @@
 //! TLVs (802.1, 802.3, LLDP-MED) are skipped. Malformed frames are errors, never
 //! panics.
 //!
-//! Hand-written: the crates that decode LLDP are either whole packet stacks (pnet,
-//! etherparse does not know LLDP) or unmaintained; the TLV walk is short and the
-//! tests run it over real captures.
+//! Hand-written: the LLDP decoders on crates.io are either a 0.1 hobby crate
+//! (`rust_lldp`) or a module inside a much larger program (erbium-core, a home-network
+//! daemon; flowscope, a flow tracker; netget-tool), none worth the dependency for one
+//! TLV walk. The tests run it over real captures and over every truncation of them.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
