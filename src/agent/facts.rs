@@ -144,15 +144,143 @@ pub fn nics(sys: &Path) -> Vec<NicFact> {
 /// its link, NICs with speed, PCI address and NUMA node, disks. What the kernel does
 /// not expose stays empty.
 ///
-/// Under the real root (`/`) GPUs are also asked about through `nvidia-smi` when it is
-/// on `PATH` (see [`nvidia`]); another root is a captured tree, where running the
-/// host's tool would describe the wrong machine.
+/// Under the real root (`/`) the running kernel and network are asked too: GPUs through
+/// `nvidia-smi` when it is on `PATH` (see [`nvidia`]), each NIC's driver and firmware
+/// through the ethtool ioctl (see [`nic_drivers`]), and each NIC with a link listens
+/// for an LLDP neighbour for [`super::lldp::WINDOW`] (all at once). Another root is a
+/// captured tree, where asking the host would describe the wrong machine.
 pub fn inventory(root: &Path) -> crate::inventory::Inventory {
     let mut inv = sysfs_inventory(root);
     if root == Path::new("/") {
         nvidia(&mut inv, NVIDIA_SMI_TIMEOUT);
+        nic_drivers(&mut inv);
+        nic_neighbors(&mut inv, super::lldp::WINDOW);
     }
     inv
+}
+
+/// Fills each NIC's firmware version (and its driver where sysfs had none: virtual
+/// NICs without a `device/driver` link) from ETHTOOL_GDRVINFO, and records the
+/// firmware as `nic:<mac>` in the inventory's firmware map so a change shows in the
+/// diff. A NIC the ioctl fails on keeps what sysfs said.
+pub fn nic_drivers(inv: &mut crate::inventory::Inventory) {
+    for nic in &mut inv.nics {
+        let info = match ethtool_drvinfo(&nic.name) {
+            Ok(info) => info,
+            Err(e) => {
+                eprintln!("pxed-agent: ethtool {}: {e}", nic.name);
+                continue;
+            }
+        };
+        if nic.driver.is_empty() {
+            nic.driver = info.driver;
+        }
+        // Drivers without firmware say "" or "N/A".
+        if !info.firmware.is_empty() && info.firmware != "N/A" {
+            nic.firmware = info.firmware;
+            if !nic.mac.is_empty() {
+                inv.firmware
+                    .insert(format!("nic:{}", nic.mac), nic.firmware.clone());
+            }
+        }
+    }
+}
+
+/// Listens for LLDP on every NIC whose link is up, for `window` in total, and puts
+/// what was heard into the NICs' `lldp`.
+pub fn nic_neighbors(inv: &mut crate::inventory::Inventory, window: Duration) {
+    let up: Vec<String> = inv
+        .nics
+        .iter()
+        .filter(|n| n.link_up)
+        .map(|n| n.name.clone())
+        .collect();
+    if up.is_empty() {
+        return;
+    }
+    let mut heard = super::lldp::listen(&up, window);
+    for nic in &mut inv.nics {
+        if let Some(n) = heard.remove(&nic.name) {
+            nic.lldp = Some(n);
+        }
+    }
+}
+
+/// What ETHTOOL_GDRVINFO says about a NIC.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrvInfo {
+    pub driver: String,
+    pub version: String,
+    pub firmware: String,
+    pub bus_info: String,
+}
+
+/// `struct ethtool_drvinfo` from `<linux/ethtool.h>` (libc does not carry it).
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+
+nix::ioctl_readwrite_bad!(siocethtool, libc::SIOCETHTOOL, libc::ifreq);
+
+/// Driver, version, firmware and bus of `nic` through the SIOCETHTOOL ioctl on a
+/// datagram socket (no privilege needed). Hand-written over nix's ioctl macro: the
+/// `ethtool` crate speaks the generic-netlink family on an async runtime, a lot of
+/// machinery for one fixed-size struct that every kernel answers.
+pub fn ethtool_drvinfo(nic: &str) -> std::io::Result<DrvInfo> {
+    use std::os::fd::AsRawFd;
+    let name = nic.as_bytes();
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    let sock =
+        std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| std::net::UdpSocket::bind("[::]:0"))?;
+    let mut info = EthtoolDrvinfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        version: [0; 32],
+        fw_version: [0; 32],
+        bus_info: [0; 32],
+        erom_version: [0; 32],
+        reserved2: [0; 12],
+        n_priv_flags: 0,
+        n_stats: 0,
+        testinfo_len: 0,
+        eedump_len: 0,
+        regdump_len: 0,
+    };
+    // SAFETY: ifreq is plain data (a name and a union of plain data); all-zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&raw mut info).cast();
+    // SAFETY: `req` names the NIC (NUL-terminated: zeroed, name shorter than IFNAMSIZ)
+    // and points at `info`, which outlives the call and has the kernel's layout.
+    unsafe { siocethtool(sock.as_raw_fd(), &raw mut req) }.map_err(std::io::Error::from)?;
+    let text = |b: &[u8]| {
+        let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end]).trim().to_string()
+    };
+    Ok(DrvInfo {
+        driver: text(&info.driver),
+        version: text(&info.version),
+        firmware: text(&info.fw_version),
+        bus_info: text(&info.bus_info),
+    })
 }
 
 /// How long each `nvidia-smi` call may take before it is killed: a wedged GPU makes it
@@ -295,6 +423,7 @@ pub fn sysfs_inventory(root: &Path) -> crate::inventory::Inventory {
                     .unwrap_or_default(),
                 numa_node: read_trim(&d.join("device/numa_node"))
                     .and_then(|s| s.parse::<u32>().ok()),
+                lldp: None,
             }
         })
         .collect();

@@ -11,6 +11,7 @@
 pub mod cmdline;
 pub mod disk;
 pub mod facts;
+pub mod lldp;
 pub mod rootfs;
 pub mod stream;
 

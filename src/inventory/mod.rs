@@ -7,6 +7,7 @@
 //! diff names the device that went away or changed, not a position in a list.
 
 pub mod gate;
+pub mod lldp;
 pub mod lspci;
 pub mod nvidia;
 pub mod profile;
@@ -191,6 +192,10 @@ pub struct Nic {
     pub link_up: bool,
     pub pci_address: String,
     pub numa_node: Option<u32>,
+    /// The switch port at the other end, when an LLDP frame arrived while the agent
+    /// listened (a short window: most switches send every 30 s).
+    #[serde(default)]
+    pub lldp: Option<lldp::Neighbor>,
 }
 
 /// A disk or NVMe namespace.

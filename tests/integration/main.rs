@@ -12,6 +12,7 @@ mod image_check;
 mod install;
 mod inventory;
 mod lifecycle;
+mod lldp;
 mod netboot;
 mod netns;
 mod qemu;
