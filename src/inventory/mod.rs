@@ -106,10 +106,13 @@ pub struct PciDevice {
 impl PciDevice {
     /// `vendor device [vvvv:dddd]`: what rules match their globs against.
     pub fn identifier(&self) -> String {
-        format!(
-            "{} {} [{:04x}:{:04x}]",
-            self.vendor, self.device, self.vendor_id, self.device_id
-        )
+        let ids = format!("[{:04x}:{:04x}]", self.vendor_id, self.device_id);
+        [self.vendor.as_str(), self.device.as_str(), &ids]
+            .iter()
+            .filter(|p| !p.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Display (0x03xx) and processing accelerators (0x12xx): GPUs, NPUs.
@@ -347,13 +350,23 @@ pub fn summary(inv: &Inventory) -> Vec<String> {
     }
     for n in &inv.nics {
         out.push(format!(
-            "nic {} {} {} {} Mb/s link {} numa {}",
+            "nic {} {} {} firmware {} {} Mb/s link {} numa {}{}",
             n.name,
             n.mac,
             n.driver,
+            if n.firmware.is_empty() {
+                "-"
+            } else {
+                &n.firmware
+            },
             dash(&n.speed_mbps),
             if n.link_up { "up" } else { "down" },
-            dash(&n.numa_node)
+            dash(&n.numa_node),
+            n.lldp.as_ref().map_or_else(String::new, |l| format!(
+                "; switch {} port {}",
+                l.system_name.as_deref().unwrap_or(&l.chassis_id),
+                l.port_id
+            ))
         ));
     }
     for d in &inv.disks {
