@@ -392,7 +392,7 @@ async fn deploy_facts(
             .put_inventory(n.id, n.generation, InventorySource::Deploy, took, inv)
             .await?;
         let summary = format!(
-            "{} PCI functions, {} GPUs/accelerators, {} NICs, {} disks, {} firmware              components{}",
+            "{} PCI functions, {} GPUs/accelerators, {} NICs, {} disks, {} firmware components{}",
             inv.pci.len(),
             inv.pci
                 .iter()
