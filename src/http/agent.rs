@@ -229,7 +229,17 @@ async fn health(
     let event = match r.status {
         // Healthy: the acceptance gate decides whether it is still the machine it was
         // (only once, while the node awaits this report; a repeat gets the usual answer).
-        HealthStatus::Pass if n.state == crate::model::State::FirstBoot => {
+        // Only once the first boot was reported: a health report before it is refused by
+        // the transition, and must not set a baseline on its way.
+        HealthStatus::Pass
+            if n.state == crate::model::State::FirstBoot
+                && st
+                    .store
+                    .events(n.id)
+                    .await?
+                    .iter()
+                    .any(|e| e.generation == n.generation && e.event == "first_boot_reported") =>
+        {
             match crate::hardware::check(&st.store, &st.cfg.profiles, n.id, n.generation, n.state)
                 .await?
             {
