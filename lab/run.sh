@@ -39,10 +39,11 @@
 #   lostdevice the VM's hardware changes between reinstalls, through extra QEMU arguments
 #              read at each power-on: generation 1 has a PCIe root port (x16) with a
 #              virtio-rng card behind it; generation 2 runs that port at x4; generation 3
-#              has the card and its port pulled; generation 4 is as 3 was. Generations
-#              2 and 3 must end `quarantined` by the acceptance gate with the diff naming
-#              the narrowed link and the removed devices; accepting the inventory (the
-#              API's re-baseline) returns the node to `available`; 1 and 4 pass the gate.
+#              has the card and its port pulled. Generations 2 and 3 must end
+#              `quarantined` by the acceptance gate with the diff naming the narrowed link
+#              and the removed devices; accepting the inventory (the API's re-baseline)
+#              returns the node to `available`. (Unchanged hardware passing the gate is
+#              the plain lab's generation 2.)
 # --installer, one VM: instead of the image deploy, the vendor's installer: Debian 12's
 #   debian-installer (debian-installer-12-netboot-amd64) from a mirror built from the
 #   archive by lab/di-mirror.sh and served in the namespace on 10.98.0.1:8080. It loads
@@ -159,7 +160,7 @@ case "$FAULT" in
     export PXED_LIFECYCLE__MAX_ATTEMPTS=1 PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-45s} ;;
   lyingbmc) REINSTALLS=2
     export PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-60s} ;;
-  lostdevice) REINSTALLS=4 ;;
+  lostdevice) REINSTALLS=3 ;;
   *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride, lyingbmc, lostdevice)" >&2; exit 2 ;;
 esac
 [ -n "$FAULT" ] && VMS=1
