@@ -29,6 +29,25 @@ pub fn of_generation(rows: &[InventoryRow], generation: i64) -> Option<Inventory
     }
 }
 
+/// The generation pages and the API show by default: the newest an agent reported
+/// in, else the newest the BMC did.
+pub fn newest(rows: &[InventoryRow]) -> Option<i64> {
+    rows.iter()
+        .find(|r| r.source.in_band())
+        .or(rows.first())
+        .map(|r| r.generation)
+}
+
+/// The inventory shown for `generation`: [`of_generation`], or what the BMC alone
+/// reported when no agent did.
+pub fn shown(rows: &[InventoryRow], generation: i64) -> Option<Inventory> {
+    of_generation(rows, generation).or_else(|| {
+        rows.iter()
+            .find(|r| r.generation == generation)
+            .map(|r| r.inventory.clone())
+    })
+}
+
 /// What the gate says about the node's `generation`, against its baseline and profile.
 /// `None` when no agent reported an inventory in that generation (an old agent, an
 /// installer whose first-boot agent does not collect one): the gate does not apply.

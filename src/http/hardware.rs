@@ -98,19 +98,8 @@ async fn node_inventory(
     let n = find(&st, &id).await?;
     let hardware = st.store.hardware(n.id).await?;
     let rows = st.store.inventories(n.id).await?;
-    let generation = q.generation.or_else(|| {
-        rows.iter()
-            .find(|r| r.source.in_band())
-            .or(rows.first())
-            .map(|r| r.generation)
-    });
-    let inventory = generation.and_then(|g| {
-        crate::hardware::of_generation(&rows, g).or_else(|| {
-            rows.iter()
-                .find(|r| r.generation == g)
-                .map(|r| r.inventory.clone())
-        })
-    });
+    let generation = q.generation.or_else(|| crate::hardware::newest(&rows));
+    let inventory = generation.and_then(|g| crate::hardware::shown(&rows, g));
     let verdict =
         generation.and_then(|g| crate::hardware::verdict(&st.cfg.profiles, &hardware, &rows, g));
     Ok(Json(NodeInventory {

@@ -471,18 +471,8 @@ struct HardwareView {
 async fn hardware_view(st: &AppState, id: i64) -> Result<HardwareView, ApiError> {
     let hw = st.store.hardware(id).await?;
     let rows = st.store.inventories(id).await?;
-    let generation = rows
-        .iter()
-        .find(|r| r.source.in_band())
-        .or(rows.first())
-        .map(|r| r.generation);
-    let inv = generation.and_then(|g| {
-        crate::hardware::of_generation(&rows, g).or_else(|| {
-            rows.iter()
-                .find(|r| r.generation == g)
-                .map(|r| r.inventory.clone())
-        })
-    });
+    let generation = crate::hardware::newest(&rows);
+    let inv = generation.and_then(|g| crate::hardware::shown(&rows, g));
     let verdict =
         generation.and_then(|g| crate::hardware::verdict(&st.cfg.profiles, &hw, &rows, g));
     Ok(HardwareView {
