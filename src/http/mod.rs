@@ -25,6 +25,7 @@ pub mod error;
 pub mod hardware;
 pub mod leftovers;
 pub mod log;
+pub mod sendfile;
 pub mod status;
 
 /// Request bodies larger than this are refused with 413 (callbacks and API are small).
@@ -65,6 +66,8 @@ pub struct ConnStats {
     pub reserved: crate::metrics::Counter,
     pub refused: crate::metrics::Counter,
     pub accept_errors: crate::metrics::Counter,
+    pub sendfile_responses: crate::metrics::Counter,
+    pub sendfile_bytes: crate::metrics::Counter,
 }
 
 impl crate::metrics::Render for ConnStats {
@@ -97,6 +100,20 @@ impl crate::metrics::Render for ConnStats {
             "Errors accepting connections (e.g. out of file descriptors)",
             "counter",
             self.accept_errors.get(),
+        );
+        sample(
+            out,
+            "pxed_http_sendfile_responses_total",
+            "Static file responses sent with sendfile (plain GET/HEAD under /ipxe and /images)",
+            "counter",
+            self.sendfile_responses.get(),
+        );
+        sample(
+            out,
+            "pxed_http_sendfile_bytes_total",
+            "File bytes sent with sendfile",
+            "counter",
+            self.sendfile_bytes.get(),
         );
     }
 }
@@ -198,7 +215,8 @@ pub async fn serve(
     let limits: ConnLimits = state.conn_limits;
     let stats = Arc::new(ConnStats::default());
     state.renders.lock().expect("lock").push(stats.clone());
-    let app = router(state);
+    let app = router(state.clone());
+    let tasks = tokio_util::task::TaskTracker::new();
     let general = Arc::new(Semaphore::new(limits.max - limits.reserve));
     let reserve = Arc::new(Semaphore::new(limits.reserve));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -255,27 +273,42 @@ pub async fn serve(
                     Ok(tower::ServiceExt::oneshot(app, req).await.into_response())
                 }
             });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(if reserved {
-                RESERVE_HEADER_TIMEOUT
-            } else {
-                HEADER_TIMEOUT
-            })
-            .serve_connection(TokioIo::new(stream), svc);
-        let conn = graceful.watch(conn);
         let stats = stats.clone();
+        let st = state.clone();
+        let watcher = graceful.watcher();
+        let cancel = cancel.clone();
         stats.open.inc();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+        tasks.spawn(async move {
+            // Plain file requests first, with sendfile; a reserve connection may not
+            // fetch files at all, so hyper answers it (503) at once.
+            let stream = if reserved {
+                Some(stream)
+            } else {
+                sendfile::files_first(stream, peer, &st, &stats, &cancel).await
+            };
+            if let Some(stream) = stream {
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(if reserved {
+                        RESERVE_HEADER_TIMEOUT
+                    } else {
+                        HEADER_TIMEOUT
+                    })
+                    .serve_connection(TokioIo::new(stream), svc);
+                if let Err(e) = watcher.watch(conn).await {
+                    tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+                }
             }
             stats.open.dec();
             drop(permit);
         });
     }
     drop(listener);
+    // Connections still in hyper finish their responses; those in sendfile end after
+    // the transfer under way.
     graceful.shutdown().await;
+    tasks.close();
+    tasks.wait().await;
     Ok(())
 }
 
@@ -352,7 +385,16 @@ async fn boot_script(
     match script::render(&mac.to_string(), &action, &reason) {
         Ok(s) => {
             st.stages.saw(crate::stages::script_sighting(mac, &action));
-            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], s).into_response()
+            // iPXE keeps connections for its next fetch: closing this one sends the
+            // kernel and initrd down a new connection, where sendfile serves them.
+            (
+                [
+                    (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                    (header::CONNECTION, "close"),
+                ],
+                s,
+            )
+                .into_response()
         }
         Err(e) => {
             tracing::error!(%mac, error = %e, "rendering boot script");

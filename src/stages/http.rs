@@ -119,11 +119,21 @@ impl Drop for Tracked {
     fn drop(&mut self) {
         let whole = self.ended || self.exact == Some(self.bytes);
         if let (true, Some(r)) = (whole, self.report.take()) {
-            let mut s =
-                Sighting::now(Who::Ip(r.client), r.stage).detail(format!("http {}", r.file));
-            s.bytes = Some(self.bytes);
-            s.took = Some(r.began.elapsed());
-            r.stages.saw(s);
+            sighting(&r.stages, r.client, r.stage, &r.file, self.bytes, r.began);
         }
+    }
+}
+
+fn sighting(stages: &Stages, client: IpAddr, stage: Stage, file: &str, bytes: u64, began: Instant) {
+    let mut s = Sighting::now(Who::Ip(client), stage).detail(format!("http {file}"));
+    s.bytes = Some(bytes);
+    s.took = Some(began.elapsed());
+    stages.saw(s);
+}
+
+/// Records a file sent whole outside hyper (`http::sendfile`), if `path` is a stage.
+pub fn saw_file(stages: &Stages, client: IpAddr, path: &str, bytes: u64, began: Instant) {
+    if let Some(stage) = http_stage(path) {
+        sighting(stages, client, stage, path, bytes, began);
     }
 }

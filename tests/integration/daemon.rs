@@ -397,3 +397,114 @@ fn http_serves_regular_files_inside_the_tree_only() {
         assert_eq!(code(refused), "404", "{refused}");
     }
 }
+
+/// Plain file GETs go out with sendfile (the metric counts them), byte for byte, and
+/// keep the connection: two files and then a request only hyper answers come back in
+/// order on one connection. HEAD sends no body; Range and conditional requests are
+/// hyper's (`ServeDir`), with its 206 and 304.
+#[test]
+fn http_sends_files_with_sendfile_and_keeps_the_connection() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let tree = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..5 * 1024 * 1024u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    std::fs::write(tree.path().join("snponly.efi"), &big).unwrap();
+    std::fs::write(tree.path().join("small.ipxe"), b"#!ipxe\n").unwrap();
+    let d = Daemon::start(&["--ipxe-dir", tree.path().to_str().unwrap()]);
+    let metric = |name: &str| -> u64 {
+        let (_, out, _) = curl(&["-s", &d.url("/metrics")]);
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in metrics"))
+    };
+    let before = metric("pxed_http_sendfile_bytes_total");
+
+    let addr = d.http.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(
+        b"GET /ipxe/snponly.efi HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /ipxe/small.ipxe HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut r = BufReader::new(conn);
+    let mut response = || {
+        let mut status = String::new();
+        r.read_line(&mut status).unwrap();
+        let mut len = None;
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            let lower = line.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                len = Some(v.trim().parse::<usize>().unwrap());
+            }
+            headers.push(lower);
+        }
+        let mut body = vec![0; len.expect("content-length")];
+        r.read_exact(&mut body).unwrap();
+        (status, headers, body)
+    };
+    let (status, headers, body) = response();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert!(body == big, "the 5 MiB file came back different");
+    assert!(
+        headers.iter().any(|h| h.starts_with("last-modified:")),
+        "{headers:?}"
+    );
+    let (status, _, body) = response();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert_eq!(body, b"#!ipxe\n");
+    let (status, _, body) = response();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert!(
+        String::from_utf8_lossy(&body).starts_with("ok"),
+        "hyper answered healthz"
+    );
+    assert_eq!(
+        metric("pxed_http_sendfile_bytes_total") - before,
+        big.len() as u64 + 7,
+        "both files went out with sendfile"
+    );
+
+    let (_, head, _) = curl(&["-sI", &d.url("/ipxe/snponly.efi")]);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("content-length: {}", big.len())),
+        "{head}"
+    );
+    let (_, range, _) = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download}",
+        "-r",
+        "100-199",
+        &d.url("/ipxe/snponly.efi"),
+    ]);
+    assert_eq!(range, "206 100", "Range is served by ServeDir");
+    let (_, cond, _) = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        "If-Modified-Since: Fri, 01 Jan 2100 00:00:00 GMT",
+        &d.url("/ipxe/snponly.efi"),
+    ]);
+    assert_eq!(cond, "304");
+    assert_eq!(
+        metric("pxed_http_sendfile_bytes_total") - before,
+        big.len() as u64 + 7,
+        "HEAD, Range and If-Modified-Since sent no file bytes with sendfile"
+    );
+}
