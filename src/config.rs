@@ -97,6 +97,7 @@ pub struct Wire {
     pub syslog: Option<SyslogWire>,
     pub webhooks: Option<WebhooksWire>,
     pub stages: Option<StagesWire>,
+    pub pacing: Option<PacingWire>,
     /// `[[profiles]]`: hardware classes every reinstall is checked against
     /// (`crate::inventory::profile`). Config file only.
     pub profiles: Option<Vec<crate::inventory::profile::Profile>>,
@@ -150,6 +151,15 @@ pub struct SyslogWire {
     pub max_connections: Option<i64>,
     pub idle_timeout: Option<String>,
     pub max_line: Option<i64>,
+}
+
+/// `[pacing]`: transfer slots that, when full, hold DHCP offers to new netboot clients.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PacingWire {
+    pub max_first_stage: Option<i64>,
+    pub max_streams: Option<i64>,
+    pub offer_delay_max_ms: Option<i64>,
 }
 
 /// `[discovery]`: how many unknown netboot clients DHCP may register.
@@ -332,6 +342,38 @@ pub struct TftpSettings {
     pub retries: u32,
 }
 
+/// Validated `[pacing]`: when DHCP offers to new netboot clients wait for a free
+/// transfer slot (see `pacing`). Read through [`PacingWire`] so that every key gets
+/// its range check from [`BOUNDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Pacing {
+    /// First-stage transfers (TFTP, HTTP under `/ipxe/`) in flight before offers to
+    /// PXE firmware are held.
+    pub max_first_stage: u32,
+    /// HTTP GETs under `/images/` in flight before offers to iPXE are held.
+    pub max_streams: u32,
+    /// The longest an offer is held, milliseconds; 0 turns pacing off.
+    pub offer_delay_max_ms: u32,
+}
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Pacing {
+            max_first_stage: 64,
+            max_streams: 128,
+            offer_delay_max_ms: 3000,
+        }
+    }
+}
+
+impl Pacing {
+    /// The longest an offer is held.
+    pub fn offer_delay_max(&self) -> Duration {
+        Duration::from_millis(self.offer_delay_max_ms.into())
+    }
+}
+
 /// Validated discovery bounds: anyone on the VLAN can send PXE DISCOVERs with made-up
 /// MACs, so registering them is capped and rate-limited; beyond either bound unknown
 /// clients are counted, not stored.
@@ -471,6 +513,7 @@ pub struct Config {
     pub syslog: SyslogSettings,
     pub webhooks: WebhookSettings,
     pub stages: StagesSettings,
+    pub pacing: Pacing,
     pub profiles: Vec<crate::inventory::profile::Profile>,
 }
 
@@ -739,6 +782,13 @@ pub const BOUNDS: &[(&str, Range)] = &[
     // A DHCP exchange takes seconds; a slow mirror's package stage hours.
     ("stages.expected.*", Range::secs(1, DAY)),
     ("stages.keep_generations", Range::count(1, 100)),
+    // Slots before offers wait: 1 serialises a lab, 64 Ki is past any one server.
+    ("pacing.max_first_stage", Range::count(1, 65_536)),
+    ("pacing.max_streams", Range::count(1, 65_536)),
+    // Firmware retransmits DISCOVER at ~4 s, 8 s, 16 s; an offered address is kept
+    // for its client 10 s (`dhcp::Policy::offer_hold`), so no offer waits longer.
+    // 0 turns pacing off.
+    ("pacing.offer_delay_max_ms", Range::count(0, 10_000)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -1039,6 +1089,9 @@ pub const ENV_KEYS: &[&str] = &[
     "webhooks.timeout",
     "stages.expected.*",
     "stages.keep_generations",
+    "pacing.max_first_stage",
+    "pacing.max_streams",
+    "pacing.offer_delay_max_ms",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1322,6 +1375,25 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;
+    let pw = w.pacing.unwrap_or_default();
+    let pdef = Pacing::default();
+    let pacing = Pacing {
+        max_first_stage: count(
+            "pacing.max_first_stage",
+            pw.max_first_stage,
+            pdef.max_first_stage.into(),
+        )?,
+        max_streams: count(
+            "pacing.max_streams",
+            pw.max_streams,
+            pdef.max_streams.into(),
+        )?,
+        offer_delay_max_ms: count(
+            "pacing.offer_delay_max_ms",
+            pw.offer_delay_max_ms,
+            pdef.offer_delay_max_ms.into(),
+        )?,
+    };
     let dw = w.discovery.unwrap_or_default();
     let def = DiscoverySettings::default();
     let discovery = DiscoverySettings {
@@ -1428,6 +1500,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         syslog,
         webhooks,
         stages,
+        pacing,
         profiles,
     })
 }
