@@ -220,3 +220,203 @@ async fn a_pxe_offer_waits_for_the_first_stage_slot_a_plain_one_does_not() {
         .unwrap()
         .expect("TFTP server");
 }
+
+/// An HTTP GET under `/images/` holds a stream slot for as long as its body is being
+/// sent, not just while the handler runs: while a client reads slowly the slot is
+/// taken, and it is given back when the client goes away mid-file. `/ipxe/` GETs
+/// count as first-stage; HEAD and refused paths count nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_file_holds_its_slot_until_the_body_is_gone() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let flags = pxed::config::Flags {
+        data_dir: Some(dir.path().join("data")),
+        ..Default::default()
+    };
+    let mut cfg = pxed::config::load(None, Vec::<(String, String)>::new(), &flags).unwrap();
+    cfg.images_dir = dir.path().join("images");
+    cfg.ipxe_dir = dir.path().join("ipxe");
+    std::fs::create_dir_all(&cfg.images_dir).unwrap();
+    std::fs::create_dir_all(&cfg.ipxe_dir).unwrap();
+    // Far more than the socket buffers hold: a client that stops reading leaves the
+    // body half sent.
+    std::fs::write(cfg.images_dir.join("initrd"), vec![1u8; 64 << 20]).unwrap();
+    const IPXE_LEN: usize = 32 << 20;
+    std::fs::write(cfg.ipxe_dir.join("snponly.efi"), vec![2u8; IPXE_LEN]).unwrap();
+    let store = Store::open(&cfg.data_dir).await.unwrap();
+    let bmcs = Arc::new(pxed::lifecycle::worker::StoreBmcs {
+        policy: cfg.bmc.call_policy(),
+    });
+    let cancel = CancellationToken::new();
+    let st = pxed::state::AppState::new(Arc::new(cfg), store, bmcs, "t".into(), cancel.clone());
+    let slots = st.slots.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(pxed::http::serve(listener, st, cancel.clone()));
+
+    let get = async |method: &str, path: &str| {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = [0u8; 512];
+        let n = c.read(&mut head).await.unwrap();
+        let head = String::from_utf8_lossy(&head[..n]).to_string();
+        (c, head)
+    };
+
+    // A slow reader of an initrd: one stream slot, held while it does not read.
+    let (slow, head) = get("GET", "/images/initrd").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("content-length: 67108864"), "{head}");
+    until("the stream slot to be taken", DEADLINE, async || {
+        (slots.in_use().streams == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(slots.in_use().streams, 1, "the slot went with the handler");
+    assert_eq!(metric(&slots, "pxed_streams_in_flight"), 1);
+
+    // The iPXE binary: a first-stage slot while it is sent, given back once the
+    // last byte went out although the connection stays open (keep-alive).
+    let (mut c, head) = get("GET", "/ipxe/snponly.efi").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    until("the first-stage slot to be taken", DEADLINE, async || {
+        (slots.in_use().first_stage == 1).then_some(())
+    })
+    .await;
+    let mut got = head.len() - head.find("\r\n\r\n").unwrap() - 4;
+    let mut buf = vec![0u8; 1 << 20];
+    while got < IPXE_LEN {
+        got += c.read(&mut buf).await.unwrap();
+    }
+    until(
+        "the first-stage slot to be given back",
+        DEADLINE,
+        async || (slots.in_use().first_stage == 0).then_some(()),
+    )
+    .await;
+    assert_eq!(metric(&slots, "pxed_first_stage_in_flight"), 0);
+    // HEAD and a missing file take no slot.
+    let (_h, head) = get("HEAD", "/images/initrd").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (_m, head) = get("GET", "/images/nope").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert_eq!(slots.in_use().streams, 1);
+    assert_eq!(slots.in_use().first_stage, 0);
+
+    // The slow client goes away mid-file: the body is dropped, the slot given back.
+    drop(slow);
+    until("the stream slot to be given back", DEADLINE, async || {
+        (slots.in_use().streams == 0).then_some(())
+    })
+    .await;
+
+    cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+}
+
+/// With the first-stage slot still taken, a held offer goes when `offer_delay_max_ms`
+/// passes; meanwhile iPXE (stream slots free) and the client's REQUEST are answered
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_offer_goes_at_the_delay_max_and_requests_are_never_held() {
+    use dhcproto::v4::DhcpOption;
+
+    let slots = Slots::new();
+    let lan = Lan::new("pacmax", "10.77.0.1/24", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = load_config(
+        dir.path(),
+        DhcpMode::Full,
+        Some(FULL_POOL),
+        "[pacing]\nmax_first_stage = 1\nmax_streams = 1\noffer_delay_max_ms = 1000\n",
+    );
+    let h = tokio::runtime::Handle::current();
+    let c = cfg.clone();
+    let sockets = lan
+        .server
+        .enter(move || {
+            let _g = h.enter();
+            dhcp::bind(&c)
+        })
+        .unwrap();
+    let store = Store::open(&cfg.data_dir).await.unwrap();
+    let stats = Arc::new(DhcpStats::default());
+    let (tx, _seen) = mpsc::channel(64);
+    let ctx = DhcpContext::new(&cfg, store, tx, stats.clone()).with_slots(slots.clone());
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(dhcp::serve(sockets, ctx, cancel.clone()));
+    let peer = Peer::bind(&lan.clients[0], "0.0.0.0:68").await;
+
+    // The one first-stage slot stays taken for the whole test (the counter TFTP and
+    // HTTP take theirs from).
+    let _transfer = slots.acquire(pxed::pacing::Slot::FirstStage);
+
+    let mac = [0x52, 0x54, 0, 0xdd, 0, 1];
+    let sent = Instant::now();
+    peer.send(
+        &pxe(request(MessageType::Discover, mac, 0x300), 7),
+        "255.255.255.255:67",
+    )
+    .await;
+    // iPXE asking at the same time: its kind (streams) is free, so no wait.
+    let mut ipxe = pxe(
+        request(MessageType::Discover, [0x52, 0x54, 0, 0xdd, 0, 2], 0x400),
+        7,
+    );
+    ipxe.opts_mut()
+        .insert(DhcpOption::UserClass(b"iPXE".to_vec()));
+    peer.send(&ipxe, "255.255.255.255:67").await;
+    let m = reply(&peer, 0x400, Duration::from_secs(2))
+        .await
+        .expect("iPXE answered at once");
+    assert!(
+        sent.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(
+        m.fname()
+            .is_some_and(|f| String::from_utf8_lossy(f).contains(".ipxe")),
+        "{m:?}"
+    );
+
+    let offer = reply(&peer, 0x300, Duration::from_secs(5))
+        .await
+        .expect("the held offer at the delay max");
+    let waited = sent.elapsed();
+    assert!(
+        waited >= Duration::from_millis(950) && waited < Duration::from_millis(3000),
+        "{waited:?}"
+    );
+    assert_eq!(slots.in_use().first_stage, 1, "the slot is still taken");
+    assert_eq!(metric(&slots, "pxed_dhcp_offers_held_total"), 1);
+
+    // Its REQUEST is answered at once although the slot is still taken.
+    let mut r = pxe(request(MessageType::Request, mac, 0x301), 7);
+    r.opts_mut()
+        .insert(DhcpOption::ServerIdentifier("10.77.0.1".parse().unwrap()));
+    r.opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
+    let asked = Instant::now();
+    peer.send(&r, "255.255.255.255:67").await;
+    let ack = reply(&peer, 0x301, Duration::from_secs(2))
+        .await
+        .expect("the REQUEST answered");
+    assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+    assert!(
+        asked.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(metric(&slots, "pxed_dhcp_offers_held_total"), 1);
+
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .expect("DHCP shutdown within 2 s")
+        .unwrap()
+        .expect("DHCP server");
+}
