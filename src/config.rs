@@ -2064,6 +2064,52 @@ secret_file = "{}"
     /// Issue 10, finding 7: accepted by `check-config`, then tokio's semaphore panicked
     /// at `serve` (its limit is `usize::MAX >> 3`).
     #[test]
+    fn pacing_keys_from_file_and_env_with_ranges() {
+        let c = load(None, env(&[]), &Flags::default()).unwrap();
+        assert_eq!(c.pacing, Pacing::default());
+        assert_eq!(c.pacing.offer_delay_max(), Duration::from_secs(3));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(&p, "[pacing]\nmax_first_stage = 5\nmax_streams = 7\n").unwrap();
+        let c = load(
+            Some(&p),
+            env(&[("PXED_PACING__OFFER_DELAY_MAX_MS", "0")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.pacing,
+            Pacing {
+                max_first_stage: 5,
+                max_streams: 7,
+                offer_delay_max_ms: 0,
+            }
+        );
+        for (var, v, want) in [
+            (
+                "PXED_PACING__OFFER_DELAY_MAX_MS",
+                "20000",
+                "pacing.offer_delay_max_ms: must be between 0 and 10000 (got 20000)",
+            ),
+            (
+                "PXED_PACING__MAX_FIRST_STAGE",
+                "0",
+                "pacing.max_first_stage: must be between 1 and 65536 (got 0)",
+            ),
+            (
+                "PXED_PACING__MAX_STREAMS",
+                "-1",
+                "pacing.max_streams: must be between 1 and 65536 (got -1)",
+            ),
+        ] {
+            let e = load(None, env(&[(var, v)]), &Flags::default()).unwrap_err();
+            assert_eq!(e.to_string(), want);
+        }
+        std::fs::write(&p, "[pacing]\nmax_first_stages = 5\n").unwrap();
+        assert!(load(Some(&p), env(&[]), &Flags::default()).is_err());
+    }
+
+    #[test]
     fn huge_max_transfers_is_refused() {
         let e = load(
             None,
