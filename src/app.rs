@@ -191,6 +191,7 @@ pub async fn run(
         );
         let stats = Arc::new(crate::tftp::TftpStats::default());
         let _ = stats.observer.set(state.stages.clone());
+        let _ = stats.slots.set(state.slots.clone());
         state.renders.lock().expect("lock").push(stats.clone());
         tasks.spawn(async move { Ok(crate::tftp::serve(tftp, root, settings, stats, c).await?) });
     }
@@ -260,7 +261,8 @@ pub async fn run(
         let (seen, rx) = tokio::sync::mpsc::channel(1024);
         let stats = Arc::new(crate::dhcp::DhcpStats::default());
         state.renders.lock().expect("lock").push(stats.clone());
-        let ctx = crate::dhcp::DhcpContext::new(&cfg, store.clone(), seen, stats);
+        let ctx = crate::dhcp::DhcpContext::new(&cfg, store.clone(), seen, stats)
+            .with_slots(state.slots.clone());
         let c = cancel.clone();
         tasks.spawn(async move { Ok(crate::dhcp::serve(sockets, ctx, c).await?) });
         // Tracked, so it ends (with the DHCP server's sender) before the store closes.

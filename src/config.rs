@@ -97,6 +97,7 @@ pub struct Wire {
     pub syslog: Option<SyslogWire>,
     pub webhooks: Option<WebhooksWire>,
     pub stages: Option<StagesWire>,
+    pub pacing: Option<PacingWire>,
     /// `[[profiles]]`: hardware classes every reinstall is checked against
     /// (`crate::inventory::profile`). Config file only.
     pub profiles: Option<Vec<crate::inventory::profile::Profile>>,
@@ -150,6 +151,15 @@ pub struct SyslogWire {
     pub max_connections: Option<i64>,
     pub idle_timeout: Option<String>,
     pub max_line: Option<i64>,
+}
+
+/// `[pacing]`: transfer slots that, when full, hold DHCP offers to new netboot clients.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PacingWire {
+    pub max_first_stage: Option<i64>,
+    pub max_streams: Option<i64>,
+    pub offer_delay_max_ms: Option<i64>,
 }
 
 /// `[discovery]`: how many unknown netboot clients DHCP may register.
@@ -332,6 +342,38 @@ pub struct TftpSettings {
     pub retries: u32,
 }
 
+/// Validated `[pacing]`: when DHCP offers to new netboot clients wait for a free
+/// transfer slot (see `pacing`). Read through [`PacingWire`] so that every key gets
+/// its range check from [`BOUNDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Pacing {
+    /// First-stage transfers (TFTP, HTTP under `/ipxe/`) in flight before offers to
+    /// PXE firmware are held.
+    pub max_first_stage: u32,
+    /// HTTP GETs under `/images/` in flight before offers to iPXE are held.
+    pub max_streams: u32,
+    /// The longest an offer is held, milliseconds; 0 turns pacing off.
+    pub offer_delay_max_ms: u32,
+}
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Pacing {
+            max_first_stage: 64,
+            max_streams: 128,
+            offer_delay_max_ms: 3000,
+        }
+    }
+}
+
+impl Pacing {
+    /// The longest an offer is held.
+    pub fn offer_delay_max(&self) -> Duration {
+        Duration::from_millis(self.offer_delay_max_ms.into())
+    }
+}
+
 /// Validated discovery bounds: anyone on the VLAN can send PXE DISCOVERs with made-up
 /// MACs, so registering them is capped and rate-limited; beyond either bound unknown
 /// clients are counted, not stored.
@@ -471,6 +513,7 @@ pub struct Config {
     pub syslog: SyslogSettings,
     pub webhooks: WebhookSettings,
     pub stages: StagesSettings,
+    pub pacing: Pacing,
     pub profiles: Vec<crate::inventory::profile::Profile>,
 }
 
@@ -739,6 +782,13 @@ pub const BOUNDS: &[(&str, Range)] = &[
     // A DHCP exchange takes seconds; a slow mirror's package stage hours.
     ("stages.expected.*", Range::secs(1, DAY)),
     ("stages.keep_generations", Range::count(1, 100)),
+    // Slots before offers wait: 1 serialises a lab, 64 Ki is past any one server.
+    ("pacing.max_first_stage", Range::count(1, 65_536)),
+    ("pacing.max_streams", Range::count(1, 65_536)),
+    // Firmware retransmits DISCOVER at ~4 s, 8 s, 16 s; an offered address is kept
+    // for its client 10 s (`dhcp::Policy::offer_hold`), so no offer waits longer.
+    // 0 turns pacing off.
+    ("pacing.offer_delay_max_ms", Range::count(0, 10_000)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -1039,6 +1089,9 @@ pub const ENV_KEYS: &[&str] = &[
     "webhooks.timeout",
     "stages.expected.*",
     "stages.keep_generations",
+    "pacing.max_first_stage",
+    "pacing.max_streams",
+    "pacing.offer_delay_max_ms",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1322,6 +1375,25 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;
+    let pw = w.pacing.unwrap_or_default();
+    let pdef = Pacing::default();
+    let pacing = Pacing {
+        max_first_stage: count(
+            "pacing.max_first_stage",
+            pw.max_first_stage,
+            pdef.max_first_stage.into(),
+        )?,
+        max_streams: count(
+            "pacing.max_streams",
+            pw.max_streams,
+            pdef.max_streams.into(),
+        )?,
+        offer_delay_max_ms: count(
+            "pacing.offer_delay_max_ms",
+            pw.offer_delay_max_ms,
+            pdef.offer_delay_max_ms.into(),
+        )?,
+    };
     let dw = w.discovery.unwrap_or_default();
     let def = DiscoverySettings::default();
     let discovery = DiscoverySettings {
@@ -1428,6 +1500,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         syslog,
         webhooks,
         stages,
+        pacing,
         profiles,
     })
 }
@@ -1990,6 +2063,52 @@ secret_file = "{}"
 
     /// Issue 10, finding 7: accepted by `check-config`, then tokio's semaphore panicked
     /// at `serve` (its limit is `usize::MAX >> 3`).
+    #[test]
+    fn pacing_keys_from_file_and_env_with_ranges() {
+        let c = load(None, env(&[]), &Flags::default()).unwrap();
+        assert_eq!(c.pacing, Pacing::default());
+        assert_eq!(c.pacing.offer_delay_max(), Duration::from_secs(3));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(&p, "[pacing]\nmax_first_stage = 5\nmax_streams = 7\n").unwrap();
+        let c = load(
+            Some(&p),
+            env(&[("PXED_PACING__OFFER_DELAY_MAX_MS", "0")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.pacing,
+            Pacing {
+                max_first_stage: 5,
+                max_streams: 7,
+                offer_delay_max_ms: 0,
+            }
+        );
+        for (var, v, want) in [
+            (
+                "PXED_PACING__OFFER_DELAY_MAX_MS",
+                "20000",
+                "pacing.offer_delay_max_ms: must be between 0 and 10000 (got 20000)",
+            ),
+            (
+                "PXED_PACING__MAX_FIRST_STAGE",
+                "0",
+                "pacing.max_first_stage: must be between 1 and 65536 (got 0)",
+            ),
+            (
+                "PXED_PACING__MAX_STREAMS",
+                "-1",
+                "pacing.max_streams: must be between 1 and 65536 (got -1)",
+            ),
+        ] {
+            let e = load(None, env(&[(var, v)]), &Flags::default()).unwrap_err();
+            assert_eq!(e.to_string(), want);
+        }
+        std::fs::write(&p, "[pacing]\nmax_first_stages = 5\n").unwrap();
+        assert!(load(Some(&p), env(&[]), &Flags::default()).is_err());
+    }
+
     #[test]
     fn huge_max_transfers_is_refused() {
         let e = load(

@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod model;
 pub mod net;
+pub mod pacing;
 pub mod provision;
 pub mod script;
 pub mod stages;

@@ -64,6 +64,8 @@ pub struct AppState {
     refusals: Mutex<HashSet<(i64, i64, String)>>,
     /// The mirror check before each reinstall.
     pub mirror_gate: crate::images::MirrorGate,
+    /// Transfer slots in use (TFTP, HTTP files), read by DHCP pacing.
+    pub slots: Arc<crate::pacing::Slots>,
 }
 
 /// Most distinct refusals remembered before the memory is cleared.
@@ -91,6 +93,8 @@ impl AppState {
         let stage_stats: Arc<dyn Render> = stages.stats.clone();
         let leftovers = Arc::new(crate::leftovers::Leftovers::default());
         let leftovers_render: Arc<dyn Render> = leftovers.clone();
+        let slots = crate::pacing::Slots::new();
+        let slots_render: Arc<dyn Render> = slots.clone();
         Arc::new(AppState {
             cfg,
             store,
@@ -102,6 +106,7 @@ impl AppState {
                 telemetry_stats,
                 stage_stats,
                 leftovers_render,
+                slots_render,
             ]),
             shutdown: cancel,
             discovery: {
@@ -118,6 +123,7 @@ impl AppState {
             mirror_gate: crate::images::MirrorGate::default(),
             telemetry,
             stages,
+            slots,
         })
     }
 

@@ -6,14 +6,19 @@
 //! in batches, one transaction per batch, and sends those replies only after the
 //! commit: an ACKed lease is always durable, and a burst of clients costs one fsync
 //! per batch rather than one per client. Offers, NAKs and INFORM replies are sent at
-//! once. Replies to clients with no address yet are broadcast (RFC 2131 §4.1 allows
-//! it) rather than unicast to yiaddr, which would need an ARP entry written first.
+//! once, except OFFERs to netboot clients while the transfer slots they are about to
+//! use are full: those are held (see [`crate::pacing`]) by a task of their own that
+//! sends them when a slot frees or `pacing.offer_delay_max_ms` passes; the receive
+//! loop never waits for them. Replies to clients with no address yet are broadcast
+//! (RFC 2131 §4.1 allows it) rather than unicast to yiaddr, which would need an ARP
+//! entry written first.
 
 pub mod decide;
 pub mod packet;
 pub mod stats;
 pub mod table;
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,8 +29,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::boot::BootDecision;
-use crate::config::{Config, DhcpMode, Reservation};
+use crate::config::{Config, DhcpMode, Pacing, Reservation};
 use crate::net::{Interface, NetError};
+use crate::pacing::{Pace, Slots, Wants, pace, wants};
 use crate::store::leases::{LeaseRow, LeaseWrite};
 use crate::store::{Store, StoreError};
 
@@ -85,6 +91,10 @@ pub struct DhcpContext {
     pub store: Store,
     pub seen: mpsc::Sender<DhcpSeen>,
     pub stats: Arc<DhcpStats>,
+    /// Transfer slots in use (shared with TFTP and HTTP) and the limits that hold
+    /// offers.
+    pub slots: Arc<Slots>,
+    pub pacing: Pacing,
 }
 
 impl DhcpContext {
@@ -101,7 +111,14 @@ impl DhcpContext {
             store,
             seen,
             stats,
+            slots: Slots::new(),
+            pacing: cfg.pacing,
         }
+    }
+
+    /// The same context counting the slots of the servers sharing `slots`.
+    pub fn with_slots(self, slots: Arc<Slots>) -> Self {
+        DhcpContext { slots, ..self }
     }
 }
 
@@ -159,12 +176,22 @@ pub fn unix_now() -> u64 {
 const MAX_BATCH: usize = 4096;
 /// How often expired leases are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Most offers held at once; past it offers go at once (a held offer is a task and a
+/// copy of the reply: a flood of made-up MACs must not grow them without bound).
+pub const MAX_HELD: usize = 4096;
 
 struct Shared {
     table: Mutex<LeaseTable>,
     policy: Policy,
     stats: Arc<DhcpStats>,
     seen: mpsc::Sender<DhcpSeen>,
+    slots: Arc<Slots>,
+    pacing: Pacing,
+    /// Clients with an offer held, and the xid of their latest DISCOVER (a retry
+    /// with a new xid gets the held offer under its own xid).
+    held: Mutex<HashMap<Mac, u32>>,
+    /// Ends the held offers' tasks at shutdown.
+    cancel: CancellationToken,
 }
 
 /// A reply waiting for its lease to be committed.
@@ -199,15 +226,19 @@ pub async fn serve(
         reservations = ctx.reservations.len(),
         "DHCP lease table loaded"
     );
+    let loops_cancel = cancel.child_token();
     let shared = Arc::new(Shared {
         table: Mutex::new(table),
         policy: ctx.policy,
         stats: ctx.stats.clone(),
         seen: ctx.seen,
+        slots: ctx.slots,
+        pacing: ctx.pacing,
+        held: Mutex::new(HashMap::new()),
+        cancel: loops_cancel.clone(),
     });
     let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 2);
     let writer = tokio::spawn(writer(rx, store.clone(), ctx.stats.clone()));
-    let loops_cancel = cancel.child_token();
     let mut loops = JoinSet::new();
     for s in sockets {
         let mut socks = vec![(s.dhcp, Port::Dhcp)];
@@ -296,7 +327,7 @@ async fn handle(
     port: Port,
     sock: &Arc<UdpSocket>,
     iface: &Interface,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     jobs: &mpsc::Sender<Job>,
 ) {
     let stats = &shared.stats;
@@ -347,6 +378,7 @@ async fn handle(
         tracing::info!(mac = %req.mac, ?arch, "boot client of an architecture with no boot file");
     }
     let writes: Vec<LeaseWrite> = writes.into_iter().map(to_write).collect();
+    let fetches = wants(req.msg_type, &decision.boot);
     match decision.action {
         Action::Drop(reason) => {
             stats.ignored.inc();
@@ -382,7 +414,18 @@ async fn handle(
                 kind: reply.kind,
             };
             if writes.is_empty() {
-                send(&out, stats).await;
+                // An offer that persists nothing may wait for a slot; one that
+                // persists goes through the writer like any other reply.
+                let out = if out.kind == ReplyKind::Offer
+                    && pace(fetches, shared.slots.in_use(), &shared.pacing) == Pace::Hold
+                {
+                    hold(shared, fetches, out, req.mac)
+                } else {
+                    Some(out)
+                };
+                if let Some(out) = out {
+                    send(&out, stats).await;
+                }
             } else {
                 let _ = jobs
                     .send(Job {
@@ -392,6 +435,97 @@ async fn handle(
                     .await;
             }
         }
+    }
+}
+
+/// Holds the offer `out` to `mac` until a slot of the kind it `wants` frees or
+/// `offer_delay_max_ms` passes, in a task of its own. A client whose offer is held
+/// already gets no second one: its held offer takes the retry's xid. Returns `out`
+/// when it must go at once (too many offers held).
+fn hold(shared: &Arc<Shared>, wants: Wants, out: Outgoing, mac: Mac) -> Option<Outgoing> {
+    let Some(xid) = xid_of(&out.bytes) else {
+        return Some(out);
+    };
+    {
+        let mut held = shared.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(x) = held.get_mut(&mac) {
+            *x = xid;
+            shared.slots.held_duplicates.inc();
+            tracing::debug!(%mac, xid, "DISCOVER retry while its offer is held");
+            return None;
+        }
+        if held.len() >= MAX_HELD {
+            shared.slots.held_overflow.inc();
+            return Some(out);
+        }
+        held.insert(mac, xid);
+    }
+    shared.slots.held.inc();
+    shared.slots.held_now.inc();
+    tracing::debug!(%mac, ?wants, "offer held: transfer slots full");
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let since = tokio::time::Instant::now();
+        let go = wait_for_slot(&shared, wants, since + shared.pacing.offer_delay_max()).await;
+        let xid = shared
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&mac);
+        let waited = since.elapsed();
+        shared.slots.held_now.dec();
+        shared
+            .slots
+            .held_ms
+            .add(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
+        if !go {
+            return;
+        }
+        let mut out = out;
+        if let Some(xid) = xid {
+            set_xid(&mut out.bytes, xid);
+        }
+        tracing::debug!(%mac, ?waited, "held offer sent");
+        send(&out, &shared.stats).await;
+    });
+    None
+}
+
+/// Waits until the pacing decision for `wants` is to send, or `deadline`; `false`
+/// when the server is shutting down (the offer is then dropped).
+async fn wait_for_slot(shared: &Shared, wants: Wants, deadline: tokio::time::Instant) -> bool {
+    let Some(freed) = shared.slots.freed(wants) else {
+        return true;
+    };
+    loop {
+        // Registered before the check, so a slot freed between the check and the
+        // wait still wakes us.
+        let notified = freed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if pace(wants, shared.slots.in_use(), &shared.pacing) == Pace::Send {
+            return true;
+        }
+        tokio::select! {
+            // CANCEL-SAFETY: a wake-up taken by a dropped `Notified` is handed on to
+            // the next waiter by tokio.
+            _ = &mut notified => {}
+            // CANCEL-SAFETY: only waits.
+            _ = tokio::time::sleep_until(deadline) => return true,
+            // CANCEL-SAFETY: only waits.
+            _ = shared.cancel.cancelled() => return false,
+        }
+    }
+}
+
+/// The xid of an encoded DHCP message (bytes 4..8, RFC 2131 §2).
+fn xid_of(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(bytes.get(4..8)?.try_into().ok()?))
+}
+
+fn set_xid(bytes: &mut [u8], xid: u32) {
+    if let Some(b) = bytes.get_mut(4..8) {
+        b.copy_from_slice(&xid.to_be_bytes());
     }
 }
 
@@ -500,6 +634,20 @@ mod tests {
             e.to_string().contains("not in the subnet of interface lo"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_held_offer_takes_the_xid_of_the_latest_retry() {
+        let mut m = dhcproto::v4::Message::default();
+        m.set_xid(0x1234_5678);
+        let mut bytes = packet::encode(&m, None).unwrap();
+        assert_eq!(xid_of(&bytes), Some(0x1234_5678));
+        set_xid(&mut bytes, 0xdead_beef);
+        assert_eq!(xid_of(&bytes), Some(0xdead_beef));
+        let back = dhcproto::Decodable::decode(&mut dhcproto::Decoder::new(&bytes));
+        let back: dhcproto::v4::Message = back.unwrap();
+        assert_eq!(back.xid(), 0xdead_beef);
+        assert_eq!(xid_of(&bytes[..7]), None);
     }
 
     #[test]

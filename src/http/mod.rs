@@ -15,6 +15,7 @@ use tower_http::services::ServeDir;
 
 use crate::model::Mac;
 use crate::net::ConnLimits;
+use crate::pacing::{Slot, SlotGuard, Slots};
 use crate::script;
 use crate::state::AppState;
 
@@ -41,8 +42,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .nest("/api/v1", api::routes(state.clone()))
         .merge(agent::routes())
         .merge(status::routes(state.clone()))
-        .nest_service("/ipxe", files(&state.cfg.ipxe_dir))
-        .nest_service("/images", files(&state.cfg.images_dir))
+        .nest_service(
+            "/ipxe",
+            files(&state.cfg.ipxe_dir, &state.slots, Slot::FirstStage),
+        )
+        .nest_service(
+            "/images",
+            files(&state.cfg.images_dir, &state.slots, Slot::Stream),
+        )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::stages::http::track,
@@ -126,8 +133,11 @@ fn reserved_path(path: &str) -> bool {
 /// Static files under `root` (Range, ETag, HEAD through tower-http's `ServeDir`), but
 /// only regular files whose real path lies inside `root`: a FIFO or device would
 /// hang a reader thread, and a symlink must not lead out of the served tree.
+/// Each GET whose body is streaming counts as one `slot` for DHCP pacing.
 fn files(
     root: &std::path::Path,
+    slots: &Arc<Slots>,
+    slot: Slot,
 ) -> impl tower::Service<
     axum::extract::Request,
     Response = Response,
@@ -136,16 +146,55 @@ fn files(
 > + Clone
 + Send
 + 'static {
-    let root = Arc::new(root.to_owned());
-    let serve = ServeDir::new(&*root);
+    let serve = ServeDir::new(root);
+    let files = Files {
+        root: Arc::new(root.to_owned()),
+        slots: slots.clone(),
+        slot,
+    };
     tower::Layer::layer(
-        &axum::middleware::from_fn_with_state(root, regular_files_only),
+        &axum::middleware::from_fn_with_state(files, regular_files_only),
         serve,
     )
 }
 
+/// What [`regular_files_only`] needs: the served tree and the pacing slot a GET takes.
+#[derive(Clone)]
+struct Files {
+    root: Arc<std::path::PathBuf>,
+    slots: Arc<Slots>,
+    slot: Slot,
+}
+
+/// A response body that holds a pacing slot until it is dropped: when the last byte
+/// went out, or when the client went away mid-file (hyper drops the body either way).
+struct Counted {
+    body: axum::body::Body,
+    _slot: SlotGuard,
+}
+
+impl http_body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 async fn regular_files_only(
-    State(root): State<Arc<std::path::PathBuf>>,
+    State(Files { root, slots, slot }): State<Files>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -167,7 +216,13 @@ async fn regular_files_only(
     if !allowed {
         return (StatusCode::NOT_FOUND, "not found\n").into_response();
     }
-    next.run(req).await
+    let get = req.method() == axum::http::Method::GET;
+    let res = next.run(req).await;
+    if !(get && res.status().is_success()) {
+        return res;
+    }
+    let guard = slots.acquire(slot);
+    res.map(|body| axum::body::Body::new(Counted { body, _slot: guard }))
 }
 
 /// The address a connection arrived on (ours): inserted by [`serve`] next to the

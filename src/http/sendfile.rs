@@ -287,6 +287,13 @@ pub async fn files_first(
         };
         let began = Instant::now();
         let roots = (st.cfg.ipxe_dir.as_path(), st.cfg.images_dir.as_path());
+        // A GET holds its pacing slot while the file goes out (DHCP offers wait on it).
+        let _slot = (!req.head_only).then(|| {
+            st.slots.acquire(match req.tree {
+                Tree::Ipxe => crate::pacing::Slot::FirstStage,
+                Tree::Images => crate::pacing::Slot::Stream,
+            })
+        });
         match answer(&mut stream, &req, roots).await {
             Ok(Served::NotHere) => return Some(stream),
             Ok(Served::Whole { bytes, keep_alive }) => {

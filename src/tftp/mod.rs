@@ -86,6 +86,8 @@ pub struct TftpStats {
     pub active: Gauge,
     /// Told of every completed transfer (the stage recorder), when set.
     pub observer: std::sync::OnceLock<std::sync::Arc<dyn TransferObserver>>,
+    /// Counts each transfer as a first-stage slot for DHCP pacing, when set.
+    pub slots: std::sync::OnceLock<std::sync::Arc<crate::pacing::Slots>>,
 }
 
 /// Something told of completed transfers (who fetched what, how much, how fast).

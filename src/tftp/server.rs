@@ -171,8 +171,15 @@ pub async fn serve(
         let (ctx, cancel) = (ctx.clone(), cancel.clone());
         stats.active.inc();
         let active = ActiveGuard(stats.clone());
+        // Counted from admission to the end of the task, as `active` is: a half-open
+        // transfer holds a slot too, until it is answered or given up.
+        let slot = stats
+            .slots
+            .get()
+            .map(|s| s.acquire(crate::pacing::Slot::FirstStage));
         transfers.spawn(async move {
             let _active = active;
+            let _slot = slot;
             transfer(&ctx, peer, local_ip, owned, ticket, cancel).await;
         });
     };

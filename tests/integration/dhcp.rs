@@ -20,9 +20,9 @@ use super::common::until;
 use super::netns::{Lan, Netns};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/udhcpc-env.sh");
-const DEADLINE: Duration = Duration::from_secs(30);
+pub(super) const DEADLINE: Duration = Duration::from_secs(30);
 
-fn load_config(dir: &Path, mode: DhcpMode, pool: Option<&str>, toml: &str) -> Config {
+pub(super) fn load_config(dir: &Path, mode: DhcpMode, pool: Option<&str>, toml: &str) -> Config {
     let file = dir.join("pxed.toml");
     std::fs::write(&file, toml).unwrap();
     let flags = CfgFlags {
@@ -128,12 +128,12 @@ fn in_pool(ip: &str, lo: u8, hi: u8) -> bool {
 }
 
 /// A raw DHCP peer: a UDP socket inside a client netns.
-struct Peer {
-    sock: UdpSocket,
+pub(super) struct Peer {
+    pub(super) sock: UdpSocket,
 }
 
 impl Peer {
-    async fn bind(ns: &Netns, addr: &str) -> Peer {
+    pub(super) async fn bind(ns: &Netns, addr: &str) -> Peer {
         let h = tokio::runtime::Handle::current();
         let addr: SocketAddr = addr.parse().unwrap();
         let sock = ns.enter(move || {
@@ -143,7 +143,7 @@ impl Peer {
         Peer { sock }
     }
 
-    async fn send(&self, m: &Message, to: &str) {
+    pub(super) async fn send(&self, m: &Message, to: &str) {
         let mut b = Vec::new();
         m.encode(&mut Encoder::new(&mut b)).unwrap();
         self.sock.send_to(&b, to).await.unwrap();
@@ -168,7 +168,7 @@ impl Peer {
     }
 }
 
-fn request(t: MessageType, mac: [u8; 6], xid: u32) -> Message {
+pub(super) fn request(t: MessageType, mac: [u8; 6], xid: u32) -> Message {
     let mut m = Message::new_with_id(
         xid,
         Ipv4Addr::UNSPECIFIED,
@@ -182,7 +182,7 @@ fn request(t: MessageType, mac: [u8; 6], xid: u32) -> Message {
     m
 }
 
-fn pxe(mut m: Message, arch: u16) -> Message {
+pub(super) fn pxe(mut m: Message, arch: u16) -> Message {
     let o = m.opts_mut();
     o.insert(DhcpOption::ClientSystemArchitecture(arch.into()));
     o.insert(DhcpOption::ClassIdentifier(
@@ -195,7 +195,7 @@ fn opt(m: &Message, c: OptionCode) -> Option<&DhcpOption> {
     m.opts().get(c)
 }
 
-const FULL_POOL: &str = "10.77.0.100-10.77.0.150";
+pub(super) const FULL_POOL: &str = "10.77.0.100-10.77.0.150";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_clients_get_leases_that_are_stored() {

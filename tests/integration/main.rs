@@ -15,6 +15,7 @@ mod lifecycle;
 mod lldp;
 mod netboot;
 mod netns;
+mod pacing;
 mod qemu;
 mod slurm;
 mod stages;
