@@ -97,6 +97,7 @@ pub struct Wire {
     pub syslog: Option<SyslogWire>,
     pub webhooks: Option<WebhooksWire>,
     pub stages: Option<StagesWire>,
+    pub pacing: Option<PacingWire>,
     /// `[[profiles]]`: hardware classes every reinstall is checked against
     /// (`crate::inventory::profile`). Config file only.
     pub profiles: Option<Vec<crate::inventory::profile::Profile>>,
@@ -239,6 +240,20 @@ pub struct BmcWire {
     pub power_deadline: Option<String>,
     pub restart_observe: Option<String>,
     pub poll_interval: Option<String>,
+}
+
+/// `[pacing]`: how fast pxed lets a fleet boot. Reinstalls power machines on in waves
+/// (see [`crate::lifecycle::pacing`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PacingWire {
+    /// Power-ons (the power cycle of a reinstall) per wave; 0: no waves.
+    pub power_on_wave_size: Option<i64>,
+    /// Seconds from the start of one wave to the start of the next.
+    pub power_on_wave_interval_secs: Option<i64>,
+    /// A label key (`rack`): each of its values has its own waves; nodes without the
+    /// label share one.
+    pub power_on_wave_by_label: Option<String>,
 }
 
 /// A pool: an inclusive address range inside a subnet.
@@ -410,6 +425,27 @@ pub struct BmcSettings {
     pub poll_interval: Duration,
 }
 
+/// Validated `[pacing]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pacing {
+    /// Power-ons granted per wave and group; 0: unlimited (no waves).
+    pub power_on_wave_size: u32,
+    /// Seconds between the starts of two waves of one group.
+    pub power_on_wave_interval_secs: u64,
+    /// The label whose values are the groups (`None`: one group for all nodes).
+    pub power_on_wave_by_label: Option<String>,
+}
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Pacing {
+            power_on_wave_size: 50,
+            power_on_wave_interval_secs: 10,
+            power_on_wave_by_label: None,
+        }
+    }
+}
+
 impl Default for BmcSettings {
     fn default() -> Self {
         let p = crate::bmc::CallPolicy::default();
@@ -471,6 +507,7 @@ pub struct Config {
     pub syslog: SyslogSettings,
     pub webhooks: WebhookSettings,
     pub stages: StagesSettings,
+    pub pacing: Pacing,
     pub profiles: Vec<crate::inventory::profile::Profile>,
 }
 
@@ -739,6 +776,10 @@ pub const BOUNDS: &[(&str, Range)] = &[
     // A DHCP exchange takes seconds; a slow mirror's package stage hours.
     ("stages.expected.*", Range::secs(1, DAY)),
     ("stages.keep_generations", Range::count(1, 100)),
+    // Power-ons per wave (0: unlimited): a whole hall at once is a choice, not a typo.
+    ("pacing.power_on_wave_size", Range::count(0, 100_000)),
+    // A BMC power-on draws its inrush in seconds; an hour apart is a reclaim by hand.
+    ("pacing.power_on_wave_interval_secs", Range::count(1, 3_600)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -1039,6 +1080,9 @@ pub const ENV_KEYS: &[&str] = &[
     "webhooks.timeout",
     "stages.expected.*",
     "stages.keep_generations",
+    "pacing.power_on_wave_size",
+    "pacing.power_on_wave_interval_secs",
+    "pacing.power_on_wave_by_label",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1387,6 +1431,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         ));
     }
     let webhooks = validate_webhooks(w.webhooks.unwrap_or_default())?;
+    let pacing = validate_pacing(w.pacing.unwrap_or_default())?;
     let profiles = validate_profiles(w.profiles.unwrap_or_default())?;
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
     Ok(Config {
@@ -1428,6 +1473,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         syslog,
         webhooks,
         stages,
+        pacing,
         profiles,
     })
 }
@@ -1633,6 +1679,32 @@ fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
     Ok(s)
 }
 
+fn validate_pacing(p: PacingWire) -> Result<Pacing, ConfigError> {
+    let def = Pacing::default();
+    let by_label = match p.power_on_wave_by_label.map(|k| k.trim().to_string()) {
+        Some(k) if k.is_empty() => None,
+        Some(k) => {
+            crate::store::board::check_label(&k, "")
+                .map_err(|e| invalid("pacing.power_on_wave_by_label", e))?;
+            Some(k)
+        }
+        None => None,
+    };
+    Ok(Pacing {
+        power_on_wave_size: count(
+            "pacing.power_on_wave_size",
+            p.power_on_wave_size,
+            def.power_on_wave_size.into(),
+        )?,
+        power_on_wave_interval_secs: count(
+            "pacing.power_on_wave_interval_secs",
+            p.power_on_wave_interval_secs,
+            def.power_on_wave_interval_secs as i64,
+        )?,
+        power_on_wave_by_label: by_label,
+    })
+}
+
 fn check_netmask(m: Ipv4Addr) -> Result<(), String> {
     let v = u32::from(m);
     if v == 0 || v.leading_ones() + v.trailing_zeros() != 32 {
@@ -1674,6 +1746,64 @@ mod tests {
         };
         let e = load(None, env(&[]), &f).unwrap_err().to_string();
         assert!(e.contains("no --interface"), "{e}");
+    }
+
+    /// `[pacing]` power-on waves: defaults, the file and the environment, a bad label
+    /// key and a value out of range.
+    #[test]
+    fn pacing_power_on_waves() {
+        let c = load(None, env(&[]), &Flags::default()).unwrap();
+        assert_eq!(c.pacing, Pacing::default());
+        assert_eq!(
+            (
+                c.pacing.power_on_wave_size,
+                c.pacing.power_on_wave_interval_secs
+            ),
+            (50, 10)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(
+            &p,
+            "[pacing]\npower_on_wave_size = 0\npower_on_wave_by_label = \"rack\"\n",
+        )
+        .unwrap();
+        let c = load(
+            Some(&p),
+            env(&[("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "30")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.pacing,
+            Pacing {
+                power_on_wave_size: 0,
+                power_on_wave_interval_secs: 30,
+                power_on_wave_by_label: Some("rack".into()),
+            }
+        );
+        let e = load(
+            None,
+            env(&[("PXED_PACING__POWER_ON_WAVE_BY_LABEL", "rack row")]),
+            &Flags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("invalid value for pacing.power_on_wave_by_label: label key"),
+            "{e}"
+        );
+        let e = load(
+            None,
+            env(&[("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "0")]),
+            &Flags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "pacing.power_on_wave_interval_secs: must be between 1 and 3600 (got 0)"
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct RecordingBmc {
     pub sticky: bool,
     /// The network boot override in force, if any.
     pub pending: Mutex<Option<OverrideEnabled>>,
+    /// When each power cycle reached the BMC (the power-on waves are read from these).
+    pub cycled_at: Mutex<Vec<std::time::Instant>>,
 }
 
 impl RecordingBmc {
@@ -95,6 +97,10 @@ impl Bmc for RecordingBmc {
     }
     fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
         self.record("power_cycle");
+        self.cycled_at
+            .lock()
+            .unwrap()
+            .push(std::time::Instant::now());
         // The machine boots: a one-time override is consumed.
         {
             let mut p = self.pending.lock().unwrap();
@@ -2151,4 +2157,83 @@ async fn the_acceptance_gate_quarantines_lost_hardware_until_it_is_accepted() {
     assert_eq!(events.len(), 3, "{events:?}");
     assert!(events[2].starts_with("passed"), "{events:?}");
     assert_eq!(audit(&h, id, "inventory_accepted").await.len(), 1);
+}
+
+/// Issue 14, pacing: six reinstalls asked at once, with waves of two power-ons two
+/// seconds apart, reach the BMC in three waves (read from the BMC's own timestamps);
+/// the waits are counted and written into the timeline. A wave size of 0 is unlimited:
+/// the same six go in one burst. Real time: the waves are what is measured.
+#[tokio::test(flavor = "multi_thread")]
+async fn reinstall_power_cycles_go_in_waves() {
+    // (wave size, waves expected, delayed power cycles)
+    for (size, want_waves, want_delayed) in [("2", 3, 4), ("0", 1, 0)] {
+        let h = Harness::new(
+            &[
+                ("PXED_PACING__POWER_ON_WAVE_SIZE", size),
+                ("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "2"),
+                // No second power cycle from a netboot that is "not observed" meanwhile.
+                ("PXED_LIFECYCLE__NETBOOT_OBSERVE", "10m"),
+            ],
+            RecordingBmc::default(),
+        )
+        .await;
+        let mut ids = Vec::new();
+        for i in 0..6 {
+            ids.push(h.register(&format!("52:54:00:14:00:{i:02x}")).await);
+        }
+        let asked = futures::future::join_all(
+            ids.iter()
+                .map(|id| h.node_post(*id, "reinstall", Some(json!({"image": "rocky-9"})))),
+        )
+        .await;
+        assert!(asked.iter().all(|(s, _)| *s == 202), "{asked:?}");
+        for id in &ids {
+            h.wait_state(*id, "netbooting").await;
+        }
+        let mut at = h.bmc.cycled_at.lock().unwrap().clone();
+        assert_eq!(at.len(), 6, "one power cycle per node (size {size})");
+        at.sort();
+        // A wave: power cycles within a second of the wave's first (waves are 2 s apart).
+        let mut waves: Vec<Vec<std::time::Instant>> = Vec::new();
+        for t in at {
+            match waves.last_mut() {
+                Some(w) if t - w[0] < Duration::from_secs(1) => w.push(t),
+                _ => waves.push(vec![t]),
+            }
+        }
+        let sizes: Vec<usize> = waves.iter().map(Vec::len).collect();
+        assert_eq!(waves.len(), want_waves, "size {size}: waves of {sizes:?}");
+        if size == "2" {
+            assert_eq!(sizes, [2, 2, 2]);
+            for pair in waves.windows(2) {
+                let gap = pair[1][0] - pair[0][0];
+                assert!(
+                    gap >= Duration::from_millis(1500) && gap < Duration::from_millis(3500),
+                    "waves start 2 s apart, not {gap:?}"
+                );
+            }
+        }
+        h.assert_metrics(&[
+            "pxed_power_on_granted_total 6",
+            &format!("pxed_power_on_delayed_total {want_delayed}"),
+            "pxed_power_on_waiting 0",
+            "pxed_power_on_wait_seconds_count 6",
+        ])
+        .await;
+        let mut notes = Vec::new();
+        for id in &ids {
+            notes.extend(audit(&h, *id, "power_on_paced").await);
+        }
+        notes.sort();
+        if want_delayed == 0 {
+            assert!(notes.is_empty(), "{notes:?}");
+        } else {
+            assert_eq!(notes.len(), want_delayed, "{notes:?}");
+            let third = notes
+                .iter()
+                .filter(|n| n.starts_with("power-on paced: wave 3, waited "))
+                .count();
+            assert_eq!(third, 2, "{notes:?}");
+        }
+    }
 }
