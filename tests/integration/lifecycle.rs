@@ -2162,24 +2162,41 @@ async fn the_acceptance_gate_quarantines_lost_hardware_until_it_is_accepted() {
 /// Issue 14, pacing: six reinstalls asked at once, with waves of two power-ons two
 /// seconds apart, reach the BMC in three waves (read from the BMC's own timestamps);
 /// the waits are counted and written into the timeline. A wave size of 0 is unlimited:
-/// the same six go in one burst. Real time: the waves are what is measured.
+/// the same six go in one burst. Waves by `rack`: four nodes in r1 and two in r2 go as
+/// two waves of r1 beside one of r2. Real time: the waves are what is measured.
 #[tokio::test(flavor = "multi_thread")]
 async fn reinstall_power_cycles_go_in_waves() {
-    // (wave size, waves expected, delayed power cycles)
-    for (size, want_waves, want_delayed) in [("2", 3, 4), ("0", 1, 0)] {
-        let h = Harness::new(
-            &[
-                ("PXED_PACING__POWER_ON_WAVE_SIZE", size),
-                ("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "2"),
-                // No second power cycle from a netboot that is "not observed" meanwhile.
-                ("PXED_LIFECYCLE__NETBOOT_OBSERVE", "10m"),
-            ],
-            RecordingBmc::default(),
-        )
-        .await;
+    // Wave size, label to pace by, nodes per wave (all groups), note of the last wave.
+    let rows: [(&str, &str, &[usize], &str); 3] = [
+        ("2", "", &[2, 2, 2], "power-on paced: wave 3, waited "),
+        ("0", "", &[6], ""),
+        ("2", "rack", &[4, 2], "power-on paced: wave 2 (r1), waited "),
+    ];
+    for (size, by_label, want_sizes, last_note) in rows {
+        let mut env = vec![
+            ("PXED_PACING__POWER_ON_WAVE_SIZE", size),
+            ("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "2"),
+            // No second power cycle from a netboot that is "not observed" meanwhile.
+            ("PXED_LIFECYCLE__NETBOOT_OBSERVE", "10m"),
+        ];
+        if !by_label.is_empty() {
+            env.push(("PXED_PACING__POWER_ON_WAVE_BY_LABEL", by_label));
+        }
+        let h = Harness::new(&env, RecordingBmc::default()).await;
         let mut ids = Vec::new();
         for i in 0..6 {
-            ids.push(h.register(&format!("52:54:00:14:00:{i:02x}")).await);
+            let id = h.register(&format!("52:54:00:14:00:{i:02x}")).await;
+            let rack = if i < 4 { "r1" } else { "r2" };
+            let (s, v) = h
+                .api(
+                    reqwest::Method::PUT,
+                    &format!("/nodes/{id}/labels"),
+                    Some(json!({ "rack": rack })),
+                    None,
+                )
+                .await;
+            assert_eq!(s, 200, "{v}");
+            ids.push(id);
         }
         let t0 = std::time::Instant::now();
         let asked = futures::future::join_all(
@@ -2203,24 +2220,22 @@ async fn reinstall_power_cycles_go_in_waves() {
             }
         }
         let sizes: Vec<usize> = waves.iter().map(Vec::len).collect();
-        assert_eq!(waves.len(), want_waves, "size {size}: waves of {sizes:?}");
-        if size == "2" {
-            assert_eq!(sizes, [2, 2, 2]);
-            // Wave k opens 2(k-1) s after the first power cycle asked, which is after
-            // `t0`: a hard lower bound. The upper one leaves room for a loaded machine.
-            for (k, w) in waves.iter().enumerate() {
-                let opened = Duration::from_secs(2 * k as u64);
-                let first = w[0] - t0;
-                assert!(
-                    first >= opened && first < opened + Duration::from_secs(2),
-                    "wave {} went {first:?} after the reinstalls, not at {opened:?}",
-                    k + 1
-                );
-            }
+        assert_eq!(sizes, want_sizes, "size {size}, by {by_label:?}");
+        // Wave k opens 2(k-1) s after the first power cycle asked, which is after `t0`:
+        // a hard lower bound. The upper one leaves room for a loaded machine.
+        for (k, w) in waves.iter().enumerate() {
+            let opened = Duration::from_secs(2 * k as u64);
+            let first = w[0] - t0;
+            assert!(
+                first >= opened && first < opened + Duration::from_secs(2),
+                "wave {} went {first:?} after the reinstalls, not at {opened:?}",
+                k + 1
+            );
         }
+        let delayed = 6 - want_sizes[0];
         h.assert_metrics(&[
             "pxed_power_on_granted_total 6",
-            &format!("pxed_power_on_delayed_total {want_delayed}"),
+            &format!("pxed_power_on_delayed_total {delayed}"),
             "pxed_power_on_waiting 0",
             "pxed_power_on_wait_seconds_count 6",
         ])
@@ -2229,16 +2244,10 @@ async fn reinstall_power_cycles_go_in_waves() {
         for id in &ids {
             notes.extend(audit(&h, *id, "power_on_paced").await);
         }
-        notes.sort();
-        if want_delayed == 0 {
-            assert!(notes.is_empty(), "{notes:?}");
-        } else {
-            assert_eq!(notes.len(), want_delayed, "{notes:?}");
-            let third = notes
-                .iter()
-                .filter(|n| n.starts_with("power-on paced: wave 3, waited "))
-                .count();
-            assert_eq!(third, 2, "{notes:?}");
+        assert_eq!(notes.len(), delayed, "{notes:?}");
+        if !last_note.is_empty() {
+            let last = notes.iter().filter(|n| n.starts_with(last_note)).count();
+            assert_eq!(last, want_sizes[want_sizes.len() - 1], "{notes:?}");
         }
     }
 }
