@@ -129,18 +129,24 @@ pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
 }
 
 /// Applies a re-read configuration: what can change live does (the lifecycle
-/// policy: deadlines, retries, backoff); the rest is named as needing a restart.
+/// policy: deadlines, retries, backoff; the power-on waves); the rest is named as
+/// needing a restart.
 fn reload(state: &AppState, running: &Config, new: &Config) {
     let changed = changed_keys(running, new);
     let (live, restart): (Vec<String>, Vec<String>) = changed
         .into_iter()
-        .partition(|k| k.starts_with("lifecycle."));
-    if !live.is_empty() {
+        .partition(|k| k.starts_with("lifecycle.") || k.starts_with("pacing.power_on_"));
+    if live.iter().any(|k| k.starts_with("lifecycle.")) {
         state
             .lifecycle
             .set_policy(crate::lifecycle::transition::Policy::from_config(
                 &new.lifecycle,
             ));
+    }
+    if live.iter().any(|k| k.starts_with("pacing.power_on_")) {
+        state
+            .lifecycle
+            .set_waves(crate::lifecycle::pacing::Waves::from_config(&new.pacing));
     }
     tracing::info!(
         reloaded = %if live.is_empty() { "nothing".into() } else { live.join(", ") },

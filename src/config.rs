@@ -153,15 +153,6 @@ pub struct SyslogWire {
     pub max_line: Option<i64>,
 }
 
-/// `[pacing]`: transfer slots that, when full, hold DHCP offers to new netboot clients.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PacingWire {
-    pub max_first_stage: Option<i64>,
-    pub max_streams: Option<i64>,
-    pub offer_delay_max_ms: Option<i64>,
-}
-
 /// `[discovery]`: how many unknown netboot clients DHCP may register.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -249,6 +240,24 @@ pub struct BmcWire {
     pub power_deadline: Option<String>,
     pub restart_observe: Option<String>,
     pub poll_interval: Option<String>,
+}
+
+/// `[pacing]`: how fast pxed lets a fleet boot. DHCP offers to new netboot clients wait
+/// while transfer slots are full (see [`crate::pacing`]); reinstalls power machines on
+/// in waves (see [`crate::lifecycle::pacing`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PacingWire {
+    pub max_first_stage: Option<i64>,
+    pub max_streams: Option<i64>,
+    pub offer_delay_max_ms: Option<i64>,
+    /// Power-ons (the power cycle of a reinstall) per wave; 0: no waves.
+    pub power_on_wave_size: Option<i64>,
+    /// Seconds from the start of one wave to the start of the next.
+    pub power_on_wave_interval_secs: Option<i64>,
+    /// A label key (`rack`): each of its values has its own waves; nodes without the
+    /// label share one.
+    pub power_on_wave_by_label: Option<String>,
 }
 
 /// A pool: an inclusive address range inside a subnet.
@@ -342,31 +351,6 @@ pub struct TftpSettings {
     pub retries: u32,
 }
 
-/// Validated `[pacing]`: when DHCP offers to new netboot clients wait for a free
-/// transfer slot (see `pacing`). Read through [`PacingWire`] so that every key gets
-/// its range check from [`BOUNDS`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Pacing {
-    /// First-stage transfers (TFTP, HTTP under `/ipxe/`) in flight before offers to
-    /// PXE firmware are held.
-    pub max_first_stage: u32,
-    /// HTTP GETs under `/images/` in flight before offers to iPXE are held.
-    pub max_streams: u32,
-    /// The longest an offer is held, milliseconds; 0 turns pacing off.
-    pub offer_delay_max_ms: u32,
-}
-
-impl Default for Pacing {
-    fn default() -> Self {
-        Pacing {
-            max_first_stage: 64,
-            max_streams: 128,
-            offer_delay_max_ms: 3000,
-        }
-    }
-}
-
 impl Pacing {
     /// The longest an offer is held.
     pub fn offer_delay_max(&self) -> Duration {
@@ -450,6 +434,39 @@ pub struct BmcSettings {
     /// Interval between power-state polls.
     #[serde(with = "secs")]
     pub poll_interval: Duration,
+}
+
+/// Validated `[pacing]`: when DHCP offers to new netboot clients wait for a free
+/// transfer slot, and how reinstalls' power-ons go in waves. Read through
+/// [`PacingWire`] so that every key gets its range check from [`BOUNDS`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pacing {
+    /// First-stage transfers (TFTP, HTTP under `/ipxe/`) in flight before offers to
+    /// PXE firmware are held.
+    pub max_first_stage: u32,
+    /// HTTP GETs under `/images/` in flight before offers to iPXE are held.
+    pub max_streams: u32,
+    /// The longest an offer is held, milliseconds; 0 turns pacing off.
+    pub offer_delay_max_ms: u32,
+    /// Power-ons granted per wave and group; 0: unlimited (no waves).
+    pub power_on_wave_size: u32,
+    /// Seconds between the starts of two waves of one group.
+    pub power_on_wave_interval_secs: u64,
+    /// The label whose values are the groups (`None`: one group for all nodes).
+    pub power_on_wave_by_label: Option<String>,
+}
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Pacing {
+            max_first_stage: 64,
+            max_streams: 128,
+            offer_delay_max_ms: 3000,
+            power_on_wave_size: 50,
+            power_on_wave_interval_secs: 10,
+            power_on_wave_by_label: None,
+        }
+    }
 }
 
 impl Default for BmcSettings {
@@ -789,6 +806,10 @@ pub const BOUNDS: &[(&str, Range)] = &[
     // for its client 10 s (`dhcp::Policy::offer_hold`), so no offer waits longer.
     // 0 turns pacing off.
     ("pacing.offer_delay_max_ms", Range::count(0, 10_000)),
+    // Power-ons per wave (0: unlimited): a whole hall at once is a choice, not a typo.
+    ("pacing.power_on_wave_size", Range::count(0, 100_000)),
+    // A BMC power-on draws its inrush in seconds; an hour apart is a reclaim by hand.
+    ("pacing.power_on_wave_interval_secs", Range::count(1, 3_600)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -1092,6 +1113,9 @@ pub const ENV_KEYS: &[&str] = &[
     "pacing.max_first_stage",
     "pacing.max_streams",
     "pacing.offer_delay_max_ms",
+    "pacing.power_on_wave_size",
+    "pacing.power_on_wave_interval_secs",
+    "pacing.power_on_wave_by_label",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1375,25 +1399,6 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;
-    let pw = w.pacing.unwrap_or_default();
-    let pdef = Pacing::default();
-    let pacing = Pacing {
-        max_first_stage: count(
-            "pacing.max_first_stage",
-            pw.max_first_stage,
-            pdef.max_first_stage.into(),
-        )?,
-        max_streams: count(
-            "pacing.max_streams",
-            pw.max_streams,
-            pdef.max_streams.into(),
-        )?,
-        offer_delay_max_ms: count(
-            "pacing.offer_delay_max_ms",
-            pw.offer_delay_max_ms,
-            pdef.offer_delay_max_ms.into(),
-        )?,
-    };
     let dw = w.discovery.unwrap_or_default();
     let def = DiscoverySettings::default();
     let discovery = DiscoverySettings {
@@ -1459,6 +1464,7 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         ));
     }
     let webhooks = validate_webhooks(w.webhooks.unwrap_or_default())?;
+    let pacing = validate_pacing(w.pacing.unwrap_or_default())?;
     let profiles = validate_profiles(w.profiles.unwrap_or_default())?;
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
     Ok(Config {
@@ -1706,6 +1712,43 @@ fn validate_bmc(b: BmcWire) -> Result<BmcSettings, ConfigError> {
     Ok(s)
 }
 
+fn validate_pacing(p: PacingWire) -> Result<Pacing, ConfigError> {
+    let def = Pacing::default();
+    let by_label = match p.power_on_wave_by_label.map(|k| k.trim().to_string()) {
+        Some(k) if k.is_empty() => None,
+        Some(k) => {
+            crate::store::board::check_label(&k, "")
+                .map_err(|e| invalid("pacing.power_on_wave_by_label", e))?;
+            Some(k)
+        }
+        None => None,
+    };
+    Ok(Pacing {
+        max_first_stage: count(
+            "pacing.max_first_stage",
+            p.max_first_stage,
+            def.max_first_stage.into(),
+        )?,
+        max_streams: count("pacing.max_streams", p.max_streams, def.max_streams.into())?,
+        offer_delay_max_ms: count(
+            "pacing.offer_delay_max_ms",
+            p.offer_delay_max_ms,
+            def.offer_delay_max_ms.into(),
+        )?,
+        power_on_wave_size: count(
+            "pacing.power_on_wave_size",
+            p.power_on_wave_size,
+            def.power_on_wave_size.into(),
+        )?,
+        power_on_wave_interval_secs: count(
+            "pacing.power_on_wave_interval_secs",
+            p.power_on_wave_interval_secs,
+            def.power_on_wave_interval_secs as i64,
+        )?,
+        power_on_wave_by_label: by_label,
+    })
+}
+
 fn check_netmask(m: Ipv4Addr) -> Result<(), String> {
     let v = u32::from(m);
     if v == 0 || v.leading_ones() + v.trailing_zeros() != 32 {
@@ -1747,6 +1790,65 @@ mod tests {
         };
         let e = load(None, env(&[]), &f).unwrap_err().to_string();
         assert!(e.contains("no --interface"), "{e}");
+    }
+
+    /// `[pacing]` power-on waves: defaults, the file and the environment, a bad label
+    /// key and a value out of range.
+    #[test]
+    fn pacing_power_on_waves() {
+        let c = load(None, env(&[]), &Flags::default()).unwrap();
+        assert_eq!(c.pacing, Pacing::default());
+        assert_eq!(
+            (
+                c.pacing.power_on_wave_size,
+                c.pacing.power_on_wave_interval_secs
+            ),
+            (50, 10)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(
+            &p,
+            "[pacing]\npower_on_wave_size = 0\npower_on_wave_by_label = \"rack\"\n",
+        )
+        .unwrap();
+        let c = load(
+            Some(&p),
+            env(&[("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "30")]),
+            &Flags::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.pacing,
+            Pacing {
+                power_on_wave_size: 0,
+                power_on_wave_interval_secs: 30,
+                power_on_wave_by_label: Some("rack".into()),
+                ..Pacing::default()
+            }
+        );
+        let e = load(
+            None,
+            env(&[("PXED_PACING__POWER_ON_WAVE_BY_LABEL", "rack row")]),
+            &Flags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("invalid value for pacing.power_on_wave_by_label: label key"),
+            "{e}"
+        );
+        let e = load(
+            None,
+            env(&[("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "0")]),
+            &Flags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "pacing.power_on_wave_interval_secs: must be between 1 and 3600 (got 0)"
+        );
     }
 
     #[test]
@@ -2083,6 +2185,7 @@ secret_file = "{}"
                 max_first_stage: 5,
                 max_streams: 7,
                 offer_delay_max_ms: 0,
+                ..Pacing::default()
             }
         );
         for (var, v, want) in [

@@ -269,10 +269,11 @@ mod tests {
             max_first_stage: 2,
             max_streams: 3,
             offer_delay_max_ms: 3000,
+            ..Pacing::default()
         };
         let off = Pacing {
             offer_delay_max_ms: 0,
-            ..limits
+            ..limits.clone()
         };
         let at = |first_stage, streams| InUse {
             first_stage,
@@ -281,22 +282,22 @@ mod tests {
         use Pace::*;
         use Wants::*;
         let rows = [
-            // (wants, in use, limits, expected)
-            (FirstStage, at(0, 0), limits, Send),
-            (FirstStage, at(1, 99), limits, Send),
-            (FirstStage, at(2, 0), limits, Hold),
-            (FirstStage, at(7, 0), limits, Hold),
-            (Streams, at(99, 2), limits, Send),
-            (Streams, at(0, 3), limits, Hold),
-            (Streams, at(0, 4), limits, Hold),
-            (Nothing, at(99, 99), limits, Send),
-            (Nothing, at(0, 0), limits, Send),
+            // (wants, in use, &limits, expected)
+            (FirstStage, at(0, 0), &limits, Send),
+            (FirstStage, at(1, 99), &limits, Send),
+            (FirstStage, at(2, 0), &limits, Hold),
+            (FirstStage, at(7, 0), &limits, Hold),
+            (Streams, at(99, 2), &limits, Send),
+            (Streams, at(0, 3), &limits, Hold),
+            (Streams, at(0, 4), &limits, Hold),
+            (Nothing, at(99, 99), &limits, Send),
+            (Nothing, at(0, 0), &limits, Send),
             // offer_delay_max_ms = 0: pacing off.
-            (FirstStage, at(7, 7), off, Send),
-            (Streams, at(7, 7), off, Send),
+            (FirstStage, at(7, 7), &off, Send),
+            (Streams, at(7, 7), &off, Send),
         ];
         for (w, n, l, want) in rows {
-            assert_eq!(pace(w, n, &l), want, "{w:?} {n:?} {l:?}");
+            assert_eq!(pace(w, n, l), want, "{w:?} {n:?} {l:?}");
         }
     }
 

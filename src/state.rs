@@ -82,6 +82,8 @@ impl AppState {
     ) -> Arc<AppState> {
         let policy = Policy::from_config(&cfg.lifecycle);
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
+        lifecycle.set_waves(crate::lifecycle::pacing::Waves::from_config(&cfg.pacing));
+        let pacing_stats: Arc<dyn Render> = lifecycle.pacing.clone();
         let store_health: Arc<dyn Render> = store.health();
         let discovery = cfg.discovery;
         let telemetry = Arc::new(crate::telemetry::Telemetry::default());
@@ -107,6 +109,7 @@ impl AppState {
                 stage_stats,
                 leftovers_render,
                 slots_render,
+                pacing_stats,
             ]),
             shutdown: cancel,
             discovery: {

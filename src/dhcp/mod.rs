@@ -112,7 +112,7 @@ impl DhcpContext {
             seen,
             stats,
             slots: Slots::new(),
-            pacing: cfg.pacing,
+            pacing: cfg.pacing.clone(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! Node lifecycle: the pure transition function, its application in one transaction,
-//! and the worker that runs effects and deadlines.
+//! the worker that runs effects and deadlines, and the pacer that spreads power-ons in
+//! waves.
 
 pub mod apply;
+pub mod pacing;
 pub mod transition;
 pub mod worker;
 

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::apply::{self, Applied, ApplyError, Hooks};
+use super::pacing::{self, Decision, Group, Pacer, Waves};
 use super::transition::{BmcStep, Effect, Event, NetbootMethod, Outcome, Policy, State};
 use crate::bmc::{self, Bmc, BmcEndpoint, BmcError, NextBoot, Secret, TlsPolicy};
 use crate::metrics::CounterFamily;
@@ -204,6 +205,22 @@ pub struct Lifecycle {
     pub netboot_observed: CounterFamily<1>,
     /// Nodes stopped in a boot loop (`/metrics`).
     pub boot_loops: crate::metrics::Counter,
+    /// Power-on waves: every power cycle of a reclaim asks it first. In memory only: a
+    /// restart loses the waves, and each interrupted power cycle simply asks again
+    /// (waves restart from then, which paces the resumed burst as well).
+    pacer: Mutex<Pacer>,
+    /// Waiting, granted and delayed power cycles (`/metrics`, registered in
+    /// `AppState::renders`).
+    pub pacing: Arc<pacing::Stats>,
+}
+
+/// A power-on slot the pacer gave a power cycle.
+#[derive(Debug, Clone)]
+struct Paced {
+    group: Group,
+    wave: u64,
+    /// How long the power cycle waited for its wave (zero: it went at once).
+    waited: Duration,
 }
 
 /// A committed change, published to the status page's live stream.
@@ -255,7 +272,84 @@ impl Lifecycle {
                 ["method"],
             ),
             boot_loops: Default::default(),
+            pacer: Mutex::new(Pacer::new(Waves::default())),
+            pacing: Arc::default(),
         })
+    }
+
+    /// Replaces the power-on wave settings (at start and when the configuration is
+    /// reloaded); power cycles already waiting keep their slot.
+    pub fn set_waves(&self, waves: Waves) {
+        self.pacer.lock().expect("lock").set_waves(waves);
+    }
+
+    /// The power-on wave settings in force.
+    pub fn waves(&self) -> Waves {
+        self.pacer.lock().expect("lock").waves().clone()
+    }
+
+    /// Waits until the pacer lets node `id` power on. Holds no transaction and no
+    /// lock while it waits; cancelled with the step (shutdown), it leaves nothing
+    /// behind but a reserved slot in memory.
+    async fn pace_power_on(&self, id: i64) -> Paced {
+        let group = match self.waves().by_label {
+            None => None,
+            Some(key) => match self.store.labels(id).await {
+                Ok(mut labels) => labels.remove(&key),
+                Err(e) => {
+                    // Unreadable labels: pace with the unlabelled nodes rather than not at all.
+                    tracing::warn!(node = id, error = %e, "reading labels for power-on waves");
+                    None
+                }
+            },
+        };
+        let asked = tokio::time::Instant::now();
+        let decision = self.pacer.lock().expect("lock").request(&group, asked);
+        if let Decision::Wait { wave, until } = decision {
+            self.pacing.delayed.inc();
+            let _waiting = pacing::Waiting::new(self.pacing.clone());
+            tracing::info!(node = id, wave, group = ?group, wait_ms = (until - asked).as_millis() as u64, "power-on paced: waiting for its wave");
+            tokio::time::sleep_until(until).await;
+        }
+        let waited = asked.elapsed();
+        self.pacing.granted.inc();
+        self.pacing.wait.observe(waited.as_secs_f64());
+        Paced {
+            group,
+            wave: decision.wave(),
+            waited: match decision {
+                Decision::Go { .. } => Duration::ZERO,
+                Decision::Wait { .. } => waited,
+            },
+        }
+    }
+
+    /// Writes the wait of a paced power cycle into the node's timeline.
+    async fn note_paced(&self, id: i64, generation: i64, paced: &Paced) {
+        if paced.waited.is_zero() {
+            return;
+        }
+        let group = match &paced.group {
+            Some(v) => format!(" ({v})"),
+            None => String::new(),
+        };
+        let detail = format!(
+            "power-on paced: wave {}{group}, waited {:.1} s",
+            paced.wave,
+            paced.waited.as_secs_f64()
+        );
+        match self.store.node(id).await {
+            Ok(Some(n)) if n.generation == generation => {
+                if let Err(e) = self
+                    .store
+                    .note(id, generation, n.state, "power_on_paced", "pacer", &detail)
+                    .await
+                {
+                    tracing::warn!(node = id, error = %e, "recording the power-on wait");
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Applies `event` and starts its effects.
@@ -500,6 +594,13 @@ impl Lifecycle {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
+        // Power-ons go in waves (retries too); setting netboot is not paced. The wait
+        // comes before the claim: a restart during it finds the cycle not sent, and the
+        // resumed step asks the pacer again.
+        let paced = match step {
+            BmcStep::PowerCycle => Some(self.pace_power_on(id).await),
+            BmcStep::SetNetboot => None,
+        };
         // A backoff may have outlived the plan (quarantined, retried, new generation).
         // Still current, the step is recorded as sent before it is sent: a restart
         // then checks the machine instead of cycling it a second time.
@@ -511,14 +612,21 @@ impl Lifecycle {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(node = id, %step, error = %e, "recording BMC step; not sent (the reclaiming deadline retries)");
+                self.release(paced.as_ref());
                 return;
             }
         };
         let sent = match claim {
-            Claim::Send => self.bmc_call(id, step, method).await,
+            Claim::Send => {
+                if let Some(p) = &paced {
+                    self.note_paced(id, generation, p).await;
+                }
+                self.bmc_call(id, step, method).await
+            }
             Claim::AlreadySent { at } => self.confirm_cycle(id, &at).await,
             Claim::NotCurrent => {
                 tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
+                self.release(paced.as_ref());
                 return;
             }
         };
@@ -552,6 +660,13 @@ impl Lifecycle {
             }
         };
         self.apply_logged(id, event, "bmc").await;
+    }
+
+    /// Gives an unused power-on slot back to the pacer.
+    fn release(&self, paced: Option<&Paced>) {
+        if let Some(p) = paced {
+            self.pacer.lock().expect("lock").release(&p.group, p.wave);
+        }
     }
 
     /// Reads what the BMC knows of the machine (Redfish resources, IPMI FRU) in its own

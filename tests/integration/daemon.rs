@@ -319,7 +319,7 @@ fn an_idle_connection_flood_leaves_health_answering() {
 }
 
 /// SIGHUP (the unit's `ExecReload`) re-reads the configuration: the lifecycle policy
-/// changes live, other changes are named as needing a restart, an invalid file is
+/// and the power-on waves change live, other changes are named as needing a restart, an invalid file is
 /// reported and the running configuration kept, and the daemon never dies of it.
 #[test]
 fn sighup_rereads_the_configuration() {
@@ -343,11 +343,14 @@ fn sighup_rereads_the_configuration() {
     };
     std::fs::write(
         &conf,
-        "hostname_prefix = \"rack7\"\n[lifecycle]\nmax_attempts = 5\n",
+        "hostname_prefix = \"rack7\"\n[lifecycle]\nmax_attempts = 5\n[pacing]\npower_on_wave_size = 10\n",
     )
     .unwrap();
     let line = hup_and_wait("SIGHUP: configuration re-read");
     assert!(line.contains("reloaded=lifecycle.max_attempts"), "{line}");
+    // The power-on waves change live too (issue 14).
+    let live = line.split("needs_restart=").next().unwrap_or("");
+    assert!(live.contains("pacing.power_on_wave_size"), "{line}");
     assert!(line.contains("needs_restart=hostname_prefix"), "{line}");
 
     std::fs::write(&conf, "[lifecycle]\nmax_attempts = \"many\"\n").unwrap();

@@ -38,6 +38,8 @@ pub struct RecordingBmc {
     pub sticky: bool,
     /// The network boot override in force, if any.
     pub pending: Mutex<Option<OverrideEnabled>>,
+    /// When each power cycle reached the BMC (the power-on waves are read from these).
+    pub cycled_at: Mutex<Vec<std::time::Instant>>,
 }
 
 impl RecordingBmc {
@@ -95,6 +97,10 @@ impl Bmc for RecordingBmc {
     }
     fn power_cycle(&self) -> BoxFuture<'_, Result<(), BmcError>> {
         self.record("power_cycle");
+        self.cycled_at
+            .lock()
+            .unwrap()
+            .push(std::time::Instant::now());
         // The machine boots: a one-time override is consumed.
         {
             let mut p = self.pending.lock().unwrap();
@@ -2151,4 +2157,97 @@ async fn the_acceptance_gate_quarantines_lost_hardware_until_it_is_accepted() {
     assert_eq!(events.len(), 3, "{events:?}");
     assert!(events[2].starts_with("passed"), "{events:?}");
     assert_eq!(audit(&h, id, "inventory_accepted").await.len(), 1);
+}
+
+/// Issue 14, pacing: six reinstalls asked at once, with waves of two power-ons two
+/// seconds apart, reach the BMC in three waves (read from the BMC's own timestamps);
+/// the waits are counted and written into the timeline. A wave size of 0 is unlimited:
+/// the same six go in one burst. Waves by `rack`: four nodes in r1 and two in r2 go as
+/// two waves of r1 beside one of r2. Real time: the waves are what is measured.
+#[tokio::test(flavor = "multi_thread")]
+async fn reinstall_power_cycles_go_in_waves() {
+    // Wave size, label to pace by, nodes per wave (all groups), note of the last wave.
+    let rows: [(&str, &str, &[usize], &str); 3] = [
+        ("2", "", &[2, 2, 2], "power-on paced: wave 3, waited "),
+        ("0", "", &[6], ""),
+        ("2", "rack", &[4, 2], "power-on paced: wave 2 (r1), waited "),
+    ];
+    for (size, by_label, want_sizes, last_note) in rows {
+        let mut env = vec![
+            ("PXED_PACING__POWER_ON_WAVE_SIZE", size),
+            ("PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS", "2"),
+            // No second power cycle from a netboot that is "not observed" meanwhile.
+            ("PXED_LIFECYCLE__NETBOOT_OBSERVE", "10m"),
+        ];
+        if !by_label.is_empty() {
+            env.push(("PXED_PACING__POWER_ON_WAVE_BY_LABEL", by_label));
+        }
+        let h = Harness::new(&env, RecordingBmc::default()).await;
+        let mut ids = Vec::new();
+        for i in 0..6 {
+            let id = h.register(&format!("52:54:00:14:00:{i:02x}")).await;
+            let rack = if i < 4 { "r1" } else { "r2" };
+            let (s, v) = h
+                .api(
+                    reqwest::Method::PUT,
+                    &format!("/nodes/{id}/labels"),
+                    Some(json!({ "rack": rack })),
+                    None,
+                )
+                .await;
+            assert_eq!(s, 200, "{v}");
+            ids.push(id);
+        }
+        let t0 = std::time::Instant::now();
+        let asked = futures::future::join_all(
+            ids.iter()
+                .map(|id| h.node_post(*id, "reinstall", Some(json!({"image": "rocky-9"})))),
+        )
+        .await;
+        assert!(asked.iter().all(|(s, _)| *s == 202), "{asked:?}");
+        for id in &ids {
+            h.wait_state(*id, "netbooting").await;
+        }
+        let mut at = h.bmc.cycled_at.lock().unwrap().clone();
+        assert_eq!(at.len(), 6, "one power cycle per node (size {size})");
+        at.sort();
+        // A wave: power cycles within a second of the wave's first (waves are 2 s apart).
+        let mut waves: Vec<Vec<std::time::Instant>> = Vec::new();
+        for t in at {
+            match waves.last_mut() {
+                Some(w) if t - w[0] < Duration::from_secs(1) => w.push(t),
+                _ => waves.push(vec![t]),
+            }
+        }
+        let sizes: Vec<usize> = waves.iter().map(Vec::len).collect();
+        assert_eq!(sizes, want_sizes, "size {size}, by {by_label:?}");
+        // Wave k opens 2(k-1) s after the first power cycle asked, which is after `t0`:
+        // a hard lower bound. The upper one leaves room for a loaded machine.
+        for (k, w) in waves.iter().enumerate() {
+            let opened = Duration::from_secs(2 * k as u64);
+            let first = w[0] - t0;
+            assert!(
+                first >= opened && first < opened + Duration::from_secs(2),
+                "wave {} went {first:?} after the reinstalls, not at {opened:?}",
+                k + 1
+            );
+        }
+        let delayed = 6 - want_sizes[0];
+        h.assert_metrics(&[
+            "pxed_power_on_granted_total 6",
+            &format!("pxed_power_on_delayed_total {delayed}"),
+            "pxed_power_on_waiting 0",
+            "pxed_power_on_wait_seconds_count 6",
+        ])
+        .await;
+        let mut notes = Vec::new();
+        for id in &ids {
+            notes.extend(audit(&h, *id, "power_on_paced").await);
+        }
+        assert_eq!(notes.len(), delayed, "{notes:?}");
+        if !last_note.is_empty() {
+            let last = notes.iter().filter(|n| n.starts_with(last_note)).count();
+            assert_eq!(last, want_sizes[want_sizes.len() - 1], "{notes:?}");
+        }
+    }
 }
