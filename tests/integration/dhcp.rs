@@ -151,8 +151,19 @@ impl Peer {
 
     /// The next reply for `xid` (others are skipped); panics at the deadline.
     async fn recv(&self, xid: u32) -> (Message, SocketAddr, Vec<u8>) {
+        self.recv_within(xid, DEADLINE)
+            .await
+            .expect("no reply from pxed")
+    }
+
+    /// The next reply for `xid` within `within`, if any (others are skipped).
+    pub(super) async fn recv_within(
+        &self,
+        xid: u32,
+        within: std::time::Duration,
+    ) -> Option<(Message, SocketAddr, Vec<u8>)> {
         let mut buf = vec![0u8; 2048];
-        tokio::time::timeout(DEADLINE, async {
+        tokio::time::timeout(within, async {
             loop {
                 let (n, from) = self.sock.recv_from(&mut buf).await.unwrap();
                 if let Ok(m) = Message::decode(&mut Decoder::new(&buf[..n]))
@@ -164,7 +175,7 @@ impl Peer {
             }
         })
         .await
-        .expect("no reply from pxed")
+        .ok()
     }
 }
 

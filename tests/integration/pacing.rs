@@ -8,8 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dhcproto::v4::{Message, MessageType, Opcode};
-use dhcproto::{Decodable, Decoder};
+use dhcproto::v4::{Message, MessageType};
 use pxed::config::{DhcpMode, TftpSettings};
 use pxed::dhcp::{self, DhcpContext, DhcpStats};
 use pxed::metrics::Render;
@@ -28,20 +27,7 @@ use super::netns::Lan;
 /// The next reply for `xid` within `within`, if any (replies for other xids are
 /// skipped).
 async fn reply(peer: &Peer, xid: u32, within: Duration) -> Option<Message> {
-    let mut buf = vec![0u8; 2048];
-    tokio::time::timeout(within, async {
-        loop {
-            let (n, _) = peer.sock.recv_from(&mut buf).await.unwrap();
-            if let Ok(m) = Message::decode(&mut Decoder::new(&buf[..n]))
-                && m.xid() == xid
-                && m.opcode() == Opcode::BootReply
-            {
-                return m;
-            }
-        }
-    })
-    .await
-    .ok()
+    peer.recv_within(xid, within).await.map(|(m, _, _)| m)
 }
 
 fn metric(slots: &Slots, name: &str) -> u64 {
@@ -88,20 +74,7 @@ async fn a_pxe_offer_waits_for_the_first_stage_slot_a_plain_one_does_not() {
         "[pacing]\nmax_first_stage = 1\noffer_delay_max_ms = 10000\n",
     );
     assert_eq!(cfg.pacing.max_first_stage, 1);
-    let h = tokio::runtime::Handle::current();
-    let c = cfg.clone();
-    let sockets = lan
-        .server
-        .enter(move || {
-            let _g = h.enter();
-            dhcp::bind(&c)
-        })
-        .unwrap();
-    let store = Store::open(&cfg.data_dir).await.unwrap();
-    let stats = Arc::new(DhcpStats::default());
-    let (tx, _seen) = mpsc::channel(64);
-    let ctx = DhcpContext::new(&cfg, store, tx, stats.clone()).with_slots(slots.clone());
-    let server = tokio::spawn(dhcp::serve(sockets, ctx, cancel.clone()));
+    let (stats, _seen, server) = dhcp_server(&lan, &cfg, &slots, &cancel).await;
     let peer = Peer::bind(&lan.clients[0], "0.0.0.0:68").await;
 
     // Start a transfer, acknowledge DATA 1 (the client has answered: the transfer is
@@ -333,21 +306,8 @@ async fn a_held_offer_goes_at_the_delay_max_and_requests_are_never_held() {
         Some(FULL_POOL),
         "[pacing]\nmax_first_stage = 1\nmax_streams = 1\noffer_delay_max_ms = 1000\n",
     );
-    let h = tokio::runtime::Handle::current();
-    let c = cfg.clone();
-    let sockets = lan
-        .server
-        .enter(move || {
-            let _g = h.enter();
-            dhcp::bind(&c)
-        })
-        .unwrap();
-    let store = Store::open(&cfg.data_dir).await.unwrap();
-    let stats = Arc::new(DhcpStats::default());
-    let (tx, _seen) = mpsc::channel(64);
-    let ctx = DhcpContext::new(&cfg, store, tx, stats.clone()).with_slots(slots.clone());
     let cancel = CancellationToken::new();
-    let server = tokio::spawn(dhcp::serve(sockets, ctx, cancel.clone()));
+    let (_stats, _seen, server) = dhcp_server(&lan, &cfg, &slots, &cancel).await;
     let peer = Peer::bind(&lan.clients[0], "0.0.0.0:68").await;
 
     // The one first-stage slot stays taken for the whole test (the counter TFTP and
@@ -419,4 +379,33 @@ async fn a_held_offer_goes_at_the_delay_max_and_requests_are_never_held() {
         .expect("DHCP shutdown within 2 s")
         .unwrap()
         .expect("DHCP server");
+}
+
+/// Runs the DHCP server in `lan`'s server netns, counting `slots`; returns its stats,
+/// the sightings' receiver (kept by the caller while the server runs) and its task.
+async fn dhcp_server(
+    lan: &Lan,
+    cfg: &pxed::config::Config,
+    slots: &Arc<Slots>,
+    cancel: &CancellationToken,
+) -> (
+    Arc<DhcpStats>,
+    mpsc::Receiver<pxed::dhcp::DhcpSeen>,
+    tokio::task::JoinHandle<Result<(), pxed::dhcp::DhcpError>>,
+) {
+    let h = tokio::runtime::Handle::current();
+    let c = cfg.clone();
+    let sockets = lan
+        .server
+        .enter(move || {
+            let _g = h.enter();
+            dhcp::bind(&c)
+        })
+        .unwrap();
+    let store = Store::open(&cfg.data_dir).await.unwrap();
+    let stats = Arc::new(DhcpStats::default());
+    let (tx, seen) = mpsc::channel(64);
+    let ctx = DhcpContext::new(cfg, store, tx, stats.clone()).with_slots(slots.clone());
+    let server = tokio::spawn(dhcp::serve(sockets, ctx, cancel.clone()));
+    (stats, seen, server)
 }
