@@ -16,7 +16,10 @@ DURATION=${DURATION:-10}
 CONNS=${CONNS:-100}
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
-need nginx wrk curl python3
+for t in nginx wrk; do
+    command -v "$t" >/dev/null || { echo "missing $t (apt-get install nginx-light wrk)" >&2; exit 1; }
+done
+need curl python3
 cargo build --release --quiet --bin pxed
 P=$(free_tcp); N=$(free_tcp)
 
@@ -30,7 +33,7 @@ PXED_LOG=warn target/release/pxed serve --demo --data-dir "$tmp/data" --ipxe-dir
     --images-dir "$tmp/images" --http "127.0.0.1:$P" --tftp "127.0.0.1:$(free_udp)" \
     >"$tmp/pxed.log" 2>&1 &
 pxed_pid=$!
-pids+=($pxed_pid)
+pids+=("$pxed_pid")
 
 # nginx as a distribution ships it for static files: sendfile, tcp_nopush, keep-alive,
 # one worker per core, no access log (pxed logs no per-request line at warn either).
