@@ -15,7 +15,8 @@
 #
 # Usage: bench/dhcp.sh [rates...]   (root; builds pxed in release mode)
 # Env:   PERIOD=seconds per step (default 10), RANGE=distinct clients (default 50000),
-#        SERVERS="pxed kea dnsmasq" (which to run, in order)
+#        SERVERS="pxed kea dnsmasq" (which to run, in order),
+#        KEA_QUEUE=Kea's packet-queue-size (default 64, Kea's own default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATES=("$@")
@@ -121,7 +122,7 @@ run_kea() {
     "lease-database": { "type": "memfile", "persist": true, "lfc-interval": 0,
                         "name": "$work/kea/leases.csv" },
     "multi-threading": { "enable-multi-threading": true, "thread-pool-size": 2,
-                         "packet-queue-size": 64 },
+                         "packet-queue-size": ${KEA_QUEUE:-64} },
     "valid-lifetime": 3600,
     "subnet4": [ { "id": 1, "subnet": "10.98.0.0/16",
                    "pools": [ { "pool": "10.98.1.1 - 10.98.255.250" } ] } ],
