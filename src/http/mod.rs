@@ -193,6 +193,16 @@ impl http_body::Body for Counted {
     }
 }
 
+/// The real path of `rel` under `root` when it is a regular file inside the tree
+/// (after following every link), else `None`. Touches the disk: call it off the
+/// async threads.
+pub(crate) fn regular_file_inside(root: &std::path::Path, rel: &str) -> Option<std::path::PathBuf> {
+    let root = std::fs::canonicalize(root).ok()?;
+    let real = std::fs::canonicalize(root.join(rel)).ok()?;
+    // metadata() follows links: `real` has none left, so this is the file itself.
+    (real.starts_with(&root) && std::fs::metadata(&real).ok()?.is_file()).then_some(real)
+}
+
 async fn regular_files_only(
     State(Files { root, slots, slot }): State<Files>,
     req: axum::extract::Request,
@@ -202,17 +212,11 @@ async fn regular_files_only(
         .decode_utf8_lossy()
         .trim_start_matches('/')
         .to_string();
-    let allowed = tokio::task::spawn_blocking(move || {
-        let root = std::fs::canonicalize(&*root).ok()?;
-        let real = std::fs::canonicalize(root.join(&rel)).ok()?;
-        // metadata() follows links: `real` has none left, so this is the file itself.
-        let meta = std::fs::metadata(&real).ok()?;
-        Some(real.starts_with(&root) && meta.is_file())
-    })
-    .await
-    .ok()
-    .flatten()
-    .unwrap_or(false);
+    let allowed = tokio::task::spawn_blocking(move || regular_file_inside(&root, &rel))
+        .await
+        .ok()
+        .flatten()
+        .is_some();
     if !allowed {
         return (StatusCode::NOT_FOUND, "not found\n").into_response();
     }

@@ -164,14 +164,9 @@ pub fn response_head(
 /// `root` (then hyper answers, with the same 404 as every other way in).
 fn open_inside(root: &Path, rel: &str) -> Option<(std::fs::File, std::fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt;
-    let root = std::fs::canonicalize(root).ok()?;
-    let real = std::fs::canonicalize(root.join(rel)).ok()?;
-    // metadata() follows links: `real` has none left, so this is the file itself. A
-    // FIFO must not even be opened (that blocks until a writer comes); O_NONBLOCK
-    // covers one swapped in between the two calls.
-    if !real.starts_with(&root) || !std::fs::metadata(&real).ok()?.is_file() {
-        return None;
-    }
+    // A FIFO must not even be opened (that blocks until a writer comes): the check
+    // comes first, and O_NONBLOCK covers one swapped in between the two calls.
+    let real = super::regular_file_inside(root, rel)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
