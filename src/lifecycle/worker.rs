@@ -623,7 +623,11 @@ impl Lifecycle {
                 }
                 self.bmc_call(id, step, method).await
             }
-            Claim::AlreadySent { at } => self.confirm_cycle(id, &at).await,
+            Claim::AlreadySent { at } => {
+                // Sent before a restart: only checked now, so no power-on uses the slot.
+                self.release(paced.as_ref());
+                self.confirm_cycle(id, &at).await
+            }
             Claim::NotCurrent => {
                 tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
                 self.release(paced.as_ref());
