@@ -1,0 +1,1341 @@
+//! Boot-storm simulator: N simulated nodes netbooting at once against a real server.
+//!
+//! Started by `bench/storm.sh`, inside the client network namespace it creates (the
+//! server runs in its own namespace, behind one veth). Each simulated node is a task
+//! that does what a UEFI machine and iPXE do, with their retry behaviour:
+//!
+//! 1. firmware DHCP (DISCOVER with option 93 = 7, x86-64 UEFI; retransmits after 4, 8,
+//!    16 and 32 s as the PXE spec's firmware does), REQUEST, ACK;
+//! 2. the first stage over TFTP with the options OVMF asks for (tsize, blksize 1468,
+//!    windowsize 4); a window that does not arrive within 1 s is asked for again,
+//!    6 times at most;
+//! 3. DHCP again as iPXE (user class `iPXE` and option 175);
+//! 4. the HTTP boot script, then kernel and initrd, read to the end (an HTTP attempt
+//!    that fails is retried 3 times, 1, 2 and 4 s apart, as an iPXE script's retry
+//!    loop does);
+//! 5. in `pxed` mode: the installer's kickstart fetch and `installed` callback, a
+//!    plain DHCP from the installed system, and the first-boot agent's `first-boot`
+//!    and `health` callbacks, after which pxed puts the node back in `available`.
+//!
+//! Every node has its own MAC; after its lease it speaks from its own leased address
+//! (the client namespace has a `local` route for the whole pool, so any pool address
+//! is a valid source there and answers ARP).
+//!
+//! In `pxed` mode the simulator also is the nodes' BMCs: a Redfish service (one system
+//! per node) on a real HTTP socket. A node starts to boot when its system is powered
+//! on or cycled with a one-time network boot override set, as a real machine would.
+//! The run registers the nodes, allocates them, then issues every reinstall through
+//! the API at t=0 and waits for each node's health callback to answer `available`.
+//!
+//! In `boot` mode (the side-by-side run against dnsmasq + nginx, which have no
+//! lifecycle) every node powers on at t=0 and the run ends at the initrd.
+//!
+//! The report: per-stage p50/p95/p99/max, failures by stage, retries, the server's CPU
+//! and RSS over time, and the byte-transfer floor: the bytes of the storm divided by
+//! the server's HTTP rate for the same files, measured after the storm in the same run.
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, UdpSocket};
+use tokio::sync::{Semaphore, mpsc};
+
+#[derive(Parser, Debug, Clone)]
+struct Args {
+    /// `pxed` (reinstalls through the API, to `available`) or `boot` (power on at t=0,
+    /// to the initrd).
+    #[arg(long, default_value = "pxed")]
+    mode: String,
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// The server's address (DHCP server, TFTP, HTTP).
+    #[arg(long)]
+    server: Ipv4Addr,
+    #[arg(long, default_value_t = 80)]
+    http_port: u16,
+    /// The client side's own address (BMC double, API calls, floor measurement).
+    #[arg(long)]
+    local: Ipv4Addr,
+    #[arg(long, default_value_t = 8000)]
+    bmc_port: u16,
+    /// API bearer token (pxed mode).
+    #[arg(long, default_value = "")]
+    token: String,
+    #[arg(long, default_value = "storm")]
+    image: String,
+    /// Kernel and initrd paths for the floor measurement (and in boot mode when the
+    /// script names none).
+    #[arg(long, default_value = "/images/storm/x86_64/kernel")]
+    kernel_path: String,
+    #[arg(long, default_value = "/images/storm/x86_64/initrd")]
+    initrd_path: String,
+    /// The server's PID, for CPU and RSS.
+    #[arg(long)]
+    server_pid: Vec<u32>,
+    /// Firmware POST time from power-on to the first DHCPDISCOVER (uniform in
+    /// [min, 2×min]).
+    #[arg(long, default_value_t = 2.0)]
+    post_secs: f64,
+    /// Give up on the storm after this long.
+    #[arg(long, default_value_t = 1800)]
+    timeout_secs: u64,
+    /// Concurrent streams for the floor measurement.
+    #[arg(long, default_value_t = 64)]
+    floor_streams: usize,
+    /// Kernel+initrd pairs fetched for the floor measurement.
+    #[arg(long, default_value_t = 200)]
+    floor_pairs: usize,
+    /// The client side's interface (DHCP broadcasts go out of it).
+    #[arg(long, default_value = "c0")]
+    iface: String,
+    /// MAC prefix (the last three bytes are the node's number).
+    #[arg(long, default_value = "52:54:01")]
+    mac_prefix: String,
+}
+
+/// A node's stages, in order; each records when it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Stage {
+    PowerOn,
+    Dhcp,
+    Tftp,
+    DhcpIpxe,
+    Script,
+    Kernel,
+    Initrd,
+    Installer,
+    DhcpOs,
+    FirstBoot,
+}
+
+impl Stage {
+    fn name(self) -> &'static str {
+        match self {
+            Stage::PowerOn => "power on",
+            Stage::Dhcp => "POST + DHCP (firmware)",
+            Stage::Tftp => "TFTP first stage",
+            Stage::DhcpIpxe => "DHCP (iPXE)",
+            Stage::Script => "HTTP script",
+            Stage::Kernel => "kernel",
+            Stage::Initrd => "initrd",
+            Stage::Installer => "kickstart + installed",
+            Stage::DhcpOs => "DHCP (installed OS)",
+            Stage::FirstBoot => "first-boot + health",
+        }
+    }
+    const ALL: [Stage; 10] = [
+        Stage::PowerOn,
+        Stage::Dhcp,
+        Stage::Tftp,
+        Stage::DhcpIpxe,
+        Stage::Script,
+        Stage::Kernel,
+        Stage::Initrd,
+        Stage::Installer,
+        Stage::DhcpOs,
+        Stage::FirstBoot,
+    ];
+}
+
+#[derive(Default)]
+struct Counters {
+    dhcp_retransmits: AtomicU64,
+    tftp_timeouts: AtomicU64,
+    http_retries: AtomicU64,
+    extra_power_ons: AtomicU64,
+    http_bytes: AtomicU64,
+    tftp_bytes: AtomicU64,
+}
+
+/// One node's record: when each stage ended, or where it failed and why.
+#[derive(Default, Clone)]
+struct Timeline {
+    ends: BTreeMap<Stage, Instant>,
+    failed: Option<(Stage, String)>,
+    done: Option<Instant>,
+}
+
+struct Sim {
+    args: Args,
+    t0: Mutex<Option<Instant>>,
+    counters: Counters,
+    timelines: Vec<Mutex<Timeline>>,
+    /// DHCP replies by xid.
+    waiters: Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>,
+    dhcp: UdpSocket,
+    done: tokio::sync::Notify,
+    finished: AtomicU64,
+}
+
+fn mac_of(prefix: &str, i: usize) -> [u8; 6] {
+    let mut m = [0u8; 6];
+    for (k, p) in prefix.split(':').take(3).enumerate() {
+        m[k] = u8::from_str_radix(p, 16).unwrap_or(0x52);
+    }
+    m[3] = (i >> 16) as u8;
+    m[4] = (i >> 8) as u8;
+    m[5] = i as u8;
+    m
+}
+
+fn mac_str(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum DhcpKind {
+    Firmware,
+    Ipxe,
+    Os,
+}
+
+struct Lease {
+    ip: Ipv4Addr,
+    file: String,
+}
+
+impl Sim {
+    fn record(&self, i: usize, s: Stage) {
+        self.timelines[i].lock().unwrap().ends.insert(s, Instant::now());
+    }
+
+    fn fail(&self, i: usize, s: Stage, why: String) {
+        let mut t = self.timelines[i].lock().unwrap();
+        if t.failed.is_none() && t.done.is_none() {
+            t.failed = Some((s, why));
+            drop(t);
+            self.finish();
+        }
+    }
+
+    fn finish(&self) {
+        let n = self.finished.fetch_add(1, Ordering::SeqCst) + 1;
+        if n as usize >= self.args.nodes {
+            self.done.notify_one();
+        }
+    }
+
+    async fn send_dhcp(&self, m: &Message) -> Result<()> {
+        let mut b = Vec::with_capacity(400);
+        m.encode(&mut Encoder::new(&mut b))?;
+        self.dhcp
+            .send_to(&b, SocketAddrV4::new(Ipv4Addr::BROADCAST, 67))
+            .await?;
+        Ok(())
+    }
+
+    /// One DORA as `kind`, with the firmware's retransmit schedule.
+    async fn dora(&self, i: usize, kind: DhcpKind) -> Result<Lease> {
+        let mac = mac_of(&self.args.mac_prefix, i);
+        let xid: u32 = rand::random();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        self.waiters.lock().unwrap().insert(xid, tx);
+        let r = self.dora_inner(i, kind, mac, xid, &mut rx).await;
+        self.waiters.lock().unwrap().remove(&xid);
+        r
+    }
+
+    async fn dora_inner(
+        &self,
+        i: usize,
+        kind: DhcpKind,
+        mac: [u8; 6],
+        xid: u32,
+        rx: &mut mpsc::UnboundedReceiver<Message>,
+    ) -> Result<Lease> {
+        let base = |t: MessageType| {
+            let mut m = Message::new_with_id(
+                xid,
+                Ipv4Addr::UNSPECIFIED,
+                Ipv4Addr::UNSPECIFIED,
+                Ipv4Addr::UNSPECIFIED,
+                Ipv4Addr::UNSPECIFIED,
+                &mac,
+            );
+            m.set_flags(Flags::default().set_broadcast());
+            let o = m.opts_mut();
+            o.insert(DhcpOption::MessageType(t));
+            if kind != DhcpKind::Os {
+                o.insert(DhcpOption::ClientSystemArchitecture(7u16.into()));
+                o.insert(DhcpOption::ClassIdentifier(
+                    b"PXEClient:Arch:00007:UNDI:003016".to_vec(),
+                ));
+                let mut guid = vec![0u8; 17];
+                guid[11..17].copy_from_slice(&mac);
+                o.insert(DhcpOption::ClientMachineIdentifier(guid));
+            }
+            if kind == DhcpKind::Ipxe {
+                o.insert(DhcpOption::UserClass(b"iPXE".to_vec()));
+                o.insert(DhcpOption::Unknown(dhcproto::v4::UnknownOption::new(
+                    OptionCode::Unknown(175),
+                    vec![0x13, 0x01, 0x01],
+                )));
+            }
+            m
+        };
+        // The PXE spec's firmware schedule: 4, 8, 16, 32 s (plus a little jitter).
+        let schedule = [4.0, 8.0, 16.0, 32.0];
+        let discover = base(MessageType::Discover);
+        let mut offer = None;
+        for (k, wait) in schedule.iter().enumerate() {
+            if k > 0 {
+                self.counters
+                    .dhcp_retransmits
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            self.send_dhcp(&discover).await?;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
+            while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+                if msg_type(&m) == Some(MessageType::Offer) {
+                    offer = Some(m);
+                    break;
+                }
+            }
+            if offer.is_some() {
+                break;
+            }
+        }
+        let offer = offer.ok_or_else(|| anyhow!("no OFFER after 4 DISCOVERs (60 s)"))?;
+        let sid = match offer.opts().get(OptionCode::ServerIdentifier) {
+            Some(DhcpOption::ServerIdentifier(s)) => *s,
+            _ => bail!("OFFER without a server identifier"),
+        };
+        let mut req = base(MessageType::Request);
+        req.opts_mut()
+            .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
+        req.opts_mut().insert(DhcpOption::ServerIdentifier(sid));
+        for (k, wait) in [4.0, 8.0, 16.0].iter().enumerate() {
+            if k > 0 {
+                self.counters
+                    .dhcp_retransmits
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            self.send_dhcp(&req).await?;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
+            while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+                match msg_type(&m) {
+                    Some(MessageType::Ack) => {
+                        let file = m
+                            .fname_str()
+                            .and_then(Result::ok)
+                            .unwrap_or_default()
+                            .trim_end_matches('\0')
+                            .to_string();
+                        let file = match (file.is_empty(), m.opts().get(OptionCode::BootfileName))
+                        {
+                            (true, Some(DhcpOption::BootfileName(b))) => {
+                                String::from_utf8_lossy(b).trim_end_matches('\0').to_string()
+                            }
+                            _ => file,
+                        };
+                        // The offer's file when the ACK has none (some servers).
+                        let file = if file.is_empty() {
+                            offer
+                                .fname_str()
+                                .and_then(Result::ok)
+                                .unwrap_or_default()
+                                .trim_end_matches('\0')
+                                .to_string()
+                        } else {
+                            file
+                        };
+                        return Ok(Lease { ip: m.yiaddr(), file });
+                    }
+                    Some(MessageType::Nak) => bail!("NAK for {}", offer.yiaddr()),
+                    _ => {}
+                }
+            }
+        }
+        let _ = i;
+        bail!("no ACK after 3 REQUESTs for {}", offer.yiaddr())
+    }
+
+    /// A TFTP read as OVMF asks for it; returns the bytes received.
+    async fn tftp(&self, src: Ipv4Addr, file: &str) -> Result<u64> {
+        const BLK: usize = 1468;
+        const WIN: u16 = 4;
+        let sock = UdpSocket::bind(SocketAddrV4::new(src, 0)).await?;
+        let mut rrq = vec![0, 1];
+        for part in [file, "octet", "tsize", "0", "blksize", "1468", "windowsize", "4"] {
+            rrq.extend_from_slice(part.as_bytes());
+            rrq.push(0);
+        }
+        let server = SocketAddr::V4(SocketAddrV4::new(self.args.server, 69));
+        let mut peer: Option<SocketAddr> = None;
+        let mut last_ack: Option<Vec<u8>> = None;
+        let mut expected: u16 = 1;
+        let mut since_ack: u16 = 0;
+        let mut total: u64 = 0;
+        let mut tsize: Option<u64> = None;
+        let mut timeouts = 0;
+        let mut buf = vec![0u8; 2048];
+        sock.send_to(&rrq, server).await?;
+        loop {
+            let got = tokio::time::timeout(Duration::from_secs(1), sock.recv_from(&mut buf)).await;
+            let (n, from) = match got {
+                Ok(r) => r?,
+                Err(_) => {
+                    timeouts += 1;
+                    self.counters.tftp_timeouts.fetch_add(1, Ordering::Relaxed);
+                    if timeouts > 6 {
+                        bail!("TFTP: 6 timeouts in a row at block {expected}");
+                    }
+                    match (&last_ack, peer) {
+                        (Some(a), Some(p)) => sock.send_to(a, p).await?,
+                        _ => sock.send_to(&rrq, server).await?,
+                    };
+                    since_ack = 0;
+                    continue;
+                }
+            };
+            if n < 4 {
+                continue;
+            }
+            let op = u16::from_be_bytes([buf[0], buf[1]]);
+            match op {
+                6 => {
+                    // OACK: tsize=<n>, blksize, windowsize accepted.
+                    let opts: Vec<&[u8]> = buf[2..n].split(|b| *b == 0).collect();
+                    for w in opts.chunks(2) {
+                        if w.len() == 2 && w[0].eq_ignore_ascii_case(b"tsize") {
+                            tsize = std::str::from_utf8(w[1]).ok().and_then(|s| s.parse().ok());
+                        }
+                    }
+                    peer = Some(from);
+                    let ack = vec![0, 4, 0, 0];
+                    sock.send_to(&ack, from).await?;
+                    last_ack = Some(ack);
+                    timeouts = 0;
+                }
+                3 => {
+                    peer.get_or_insert(from);
+                    let block = u16::from_be_bytes([buf[2], buf[3]]);
+                    if block != expected {
+                        // Out of order: ask again from the last block received.
+                        if let Some(a) = &last_ack {
+                            sock.send_to(a, from).await?;
+                        }
+                        since_ack = 0;
+                        continue;
+                    }
+                    timeouts = 0;
+                    let len = n - 4;
+                    total += len as u64;
+                    expected = expected.wrapping_add(1);
+                    since_ack += 1;
+                    let last = len < BLK;
+                    if last || since_ack == WIN {
+                        let mut ack = vec![0, 4];
+                        ack.extend_from_slice(&block.to_be_bytes());
+                        sock.send_to(&ack, from).await?;
+                        last_ack = Some(ack);
+                        since_ack = 0;
+                    }
+                    if last {
+                        if let Some(t) = tsize
+                            && t != total
+                        {
+                            bail!("TFTP: got {total} bytes, tsize said {t}");
+                        }
+                        self.counters.tftp_bytes.fetch_add(total, Ordering::Relaxed);
+                        return Ok(total);
+                    }
+                }
+                5 => bail!(
+                    "TFTP error {}: {}",
+                    u16::from_be_bytes([buf[2], buf[3]]),
+                    String::from_utf8_lossy(&buf[4..n]).trim_end_matches('\0')
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    /// An HTTP request as iPXE's script retry loop makes it: 3 retries, 1, 2, 4 s apart.
+    async fn http(
+        &self,
+        src: Ipv4Addr,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        keep: bool,
+    ) -> Result<(u16, Vec<u8>, u64)> {
+        let mut last = anyhow!("no attempt");
+        for (k, back) in [0u64, 1, 2, 4].iter().enumerate() {
+            if k > 0 {
+                self.counters.http_retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(*back)).await;
+            }
+            match http_once(
+                src,
+                SocketAddrV4::new(self.args.server, self.args.http_port),
+                method,
+                path,
+                body,
+                keep,
+                &self.args.token,
+            )
+            .await
+            {
+                Ok((s, b, _)) if s >= 500 => {
+                    last = anyhow!("HTTP {s} for {path}: {:.300}", String::from_utf8_lossy(&b))
+                }
+                Ok(r) => {
+                    self.counters.http_bytes.fetch_add(r.2, Ordering::Relaxed);
+                    return Ok(r);
+                }
+                Err(e) => last = e.context(format!("{method} {path}")),
+            }
+        }
+        Err(last)
+    }
+
+    async fn get_ok(&self, src: Ipv4Addr, path: &str, keep: bool) -> Result<(Vec<u8>, u64)> {
+        let (s, b, n) = self.http(src, "GET", path, None, keep).await?;
+        if s != 200 {
+            bail!("HTTP {s} for {path}: {}", String::from_utf8_lossy(&b));
+        }
+        Ok((b, n))
+    }
+
+    /// One node's boot from power-on; returns the stage it failed in, if any.
+    async fn boot(&self, i: usize) -> Result<(), (Stage, String)> {
+        let e = |s: Stage| move |err: anyhow::Error| (s, format!("{err:#}"));
+        tokio::time::sleep(Duration::from_secs_f64(jitter(self.args.post_secs, 1.0))).await;
+        let lease = self.dora(i, DhcpKind::Firmware).await.map_err(e(Stage::Dhcp))?;
+        self.record(i, Stage::Dhcp);
+        if lease.file.is_empty() {
+            return Err((Stage::Dhcp, "no boot file in the ACK".into()));
+        }
+        self.tftp(lease.ip, &lease.file).await.map_err(e(Stage::Tftp))?;
+        self.record(i, Stage::Tftp);
+        let lease = self.dora(i, DhcpKind::Ipxe).await.map_err(e(Stage::DhcpIpxe))?;
+        self.record(i, Stage::DhcpIpxe);
+        let script_path = path_of(&lease.file)
+            .ok_or_else(|| (Stage::DhcpIpxe, format!("iPXE got no HTTP script: {:?}", lease.file)))?;
+        let (script, _) = self
+            .get_ok(lease.ip, &script_path, true)
+            .await
+            .map_err(e(Stage::Script))?;
+        let script = String::from_utf8_lossy(&script).to_string();
+        self.record(i, Stage::Script);
+        let boot_mode = self.args.mode == "boot";
+        let kernel = url_after(&script, "kernel")
+            .or_else(|| boot_mode.then(|| self.args.kernel_path.clone()))
+            .ok_or_else(|| (Stage::Script, format!("no kernel in the script: {script:.200}")))?;
+        let initrd = url_after(&script, "initrd")
+            .or_else(|| boot_mode.then(|| self.args.initrd_path.clone()))
+            .ok_or_else(|| (Stage::Script, "no initrd in the script".into()))?;
+        self.get_ok(lease.ip, &kernel, false)
+            .await
+            .map_err(e(Stage::Kernel))?;
+        self.record(i, Stage::Kernel);
+        self.get_ok(lease.ip, &initrd, false)
+            .await
+            .map_err(e(Stage::Initrd))?;
+        self.record(i, Stage::Initrd);
+        if boot_mode {
+            return Ok(());
+        }
+        // The installer: its config, then `installed` with the boot token.
+        let token = script
+            .find("/cfg/")
+            .map(|k| script[k + 5..].split('/').next().unwrap_or("").to_string())
+            .ok_or_else(|| (Stage::Installer, "no /cfg/ URL in the script".into()))?;
+        let (ks, _) = self
+            .get_ok(lease.ip, &format!("/cfg/{token}/kickstart"), true)
+            .await
+            .map_err(e(Stage::Installer))?;
+        let ks = String::from_utf8_lossy(&ks).to_string();
+        let agent = ks
+            .find("CB='")
+            .map(|k| ks[k + 4..].split('\'').next().unwrap_or(""))
+            .and_then(|b| b.rsplit('/').next())
+            .map(String::from)
+            .ok_or_else(|| (Stage::Installer, "no agent callback in the kickstart".into()))?;
+        self.callback(lease.ip, &format!("/cb/{token}/installed"), json!({}), "first_boot")
+            .await
+            .map_err(e(Stage::Installer))?;
+        self.record(i, Stage::Installer);
+        // The installed system boots from disk and leases again.
+        let os = self.dora(i, DhcpKind::Os).await.map_err(e(Stage::DhcpOs))?;
+        self.record(i, Stage::DhcpOs);
+        let mac = mac_of(&self.args.mac_prefix, i);
+        let host = format!("node-{:02x}{:02x}{:02x}", mac[3], mac[4], mac[5]);
+        let report = json!({"hostname": host, "arch": "x86_64", "facts": {}});
+        self.callback(os.ip, &format!("/cb/{agent}/first-boot"), report, "first_boot")
+            .await
+            .map_err(e(Stage::FirstBoot))?;
+        self.callback(
+            os.ip,
+            &format!("/cb/{agent}/health"),
+            json!({"status": "pass"}),
+            "available",
+        )
+        .await
+        .map_err(e(Stage::FirstBoot))?;
+        self.record(i, Stage::FirstBoot);
+        Ok(())
+    }
+
+    async fn callback(&self, src: Ipv4Addr, path: &str, body: Value, want: &str) -> Result<()> {
+        let (s, b, _) = self.http(src, "POST", path, Some(&body), true).await?;
+        let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+        if s != 200 || v["state"] != want {
+            bail!(
+                "{path}: HTTP {s}, wanted state {want}: {}",
+                String::from_utf8_lossy(&b)
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs node `i`: waits for power-ons (pxed mode) and boots on each netboot.
+    async fn node(self: Arc<Self>, i: usize, mut power: mpsc::UnboundedReceiver<()>) {
+        if self.args.mode == "boot" {
+            self.record(i, Stage::PowerOn);
+            self.run_boot(i).await;
+            return;
+        }
+        let mut booted = false;
+        while power.recv().await.is_some() {
+            if booted {
+                self.counters.extra_power_ons.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            booted = true;
+            self.record(i, Stage::PowerOn);
+            let me = self.clone();
+            tokio::spawn(async move { me.run_boot(i).await });
+        }
+    }
+
+    async fn run_boot(&self, i: usize) {
+        match self.boot(i).await {
+            Ok(()) => {
+                let mut t = self.timelines[i].lock().unwrap();
+                if t.failed.is_none() {
+                    t.done = Some(Instant::now());
+                    drop(t);
+                    self.finish();
+                }
+            }
+            Err((s, why)) => self.fail(i, s, why),
+        }
+    }
+}
+
+fn jitter(base: f64, frac: f64) -> f64 {
+    base * (1.0 + frac * rand::random::<f64>())
+}
+
+fn msg_type(m: &Message) -> Option<MessageType> {
+    match m.opts().get(OptionCode::MessageType) {
+        Some(DhcpOption::MessageType(t)) => Some(*t),
+        _ => None,
+    }
+}
+
+/// The path of an `http://host[:port]/path` URL.
+fn path_of(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("http://")?;
+    Some(rest.find('/').map_or("/".into(), |k| rest[k..].to_string()))
+}
+
+/// The URL after `kernel`/`initrd` in an iPXE script (options such as `--name x` skipped).
+fn url_after(script: &str, cmd: &str) -> Option<String> {
+    script.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        if w.next()? != cmd {
+            return None;
+        }
+        w.find(|t| t.starts_with("http://")).and_then(path_of)
+    })
+}
+
+/// One HTTP/1.1 exchange from `src`. With `keep` the body is returned, else only
+/// counted (kernels and initrds are read to the end and dropped).
+async fn http_once(
+    src: Ipv4Addr,
+    server: SocketAddrV4,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    keep: bool,
+    token: &str,
+) -> Result<(u16, Vec<u8>, u64)> {
+    let sock = TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::V4(SocketAddrV4::new(src, 0)))?;
+    let mut s = tokio::time::timeout(Duration::from_secs(10), sock.connect(server.into()))
+        .await
+        .context("connect timed out")??;
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {server}\r\nUser-Agent: iPXE/1.21.1 (storm)\r\nConnection: close\r\n"
+    );
+    if path.starts_with("/api/") {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    if body.is_some() {
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            payload.len()
+        ));
+    }
+    head.push_str("\r\n");
+    head.push_str(&payload);
+    s.write_all(head.as_bytes()).await?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut have = 0;
+    // iPXE gives up on a connection idle for about 15 s... keep a margin.
+    let idle = Duration::from_secs(30);
+    let (status, clen, hlen) = loop {
+        let n = tokio::time::timeout(idle, s.read(&mut buf[have..]))
+            .await
+            .context("idle 30 s in the response head")??;
+        if n == 0 {
+            bail!("connection closed before the response head");
+        }
+        have += n;
+        let mut hs = [httparse::EMPTY_HEADER; 32];
+        let mut r = httparse::Response::new(&mut hs);
+        if let httparse::Status::Complete(h) = r.parse(&buf[..have])? {
+            let clen = r
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .and_then(|h| std::str::from_utf8(h.value).ok()?.parse::<u64>().ok());
+            break (r.code.unwrap_or(0), clen, h);
+        }
+        if have == buf.len() {
+            bail!("response head larger than 256 KiB");
+        }
+    };
+    let mut got = (have - hlen) as u64;
+    let mut kept = if keep || status != 200 {
+        buf[hlen..have].to_vec()
+    } else {
+        Vec::new()
+    };
+    if method == "HEAD" || status == 304 || status == 204 {
+        return Ok((status, kept, 0));
+    }
+    loop {
+        if clen.is_some_and(|c| got >= c) {
+            break;
+        }
+        let n = tokio::time::timeout(idle, s.read(&mut buf))
+            .await
+            .with_context(|| format!("idle 30 s after {got} bytes"))??;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+        if keep || status != 200 {
+            kept.extend_from_slice(&buf[..n]);
+        }
+    }
+    if let Some(c) = clen
+        && got != c
+    {
+        bail!("short body: {got} of {c} bytes");
+    }
+    Ok((status, kept, got))
+}
+
+// ---------------------------------------------------------------- Redfish double
+
+#[derive(Clone)]
+struct System {
+    power_on: bool,
+    enabled: String,
+    target: String,
+}
+
+struct Bmc {
+    systems: Mutex<HashMap<String, System>>,
+    nodes: HashMap<String, (usize, mpsc::UnboundedSender<()>)>,
+    requests: AtomicU64,
+    resets: AtomicU64,
+}
+
+fn system_json(id: &str, s: &System) -> Value {
+    json!({
+        "@odata.id": format!("/redfish/v1/Systems/{id}"),
+        "Id": id,
+        "Name": id,
+        "Manufacturer": "storm",
+        "Model": "simulated",
+        "BiosVersion": "1.0",
+        "PowerState": if s.power_on { "On" } else { "Off" },
+        "Boot": {
+            "BootSourceOverrideEnabled": s.enabled,
+            "BootSourceOverrideTarget": s.target,
+            "BootSourceOverrideMode": "UEFI",
+            "BootSourceOverrideTarget@Redfish.AllowableValues": ["None", "Pxe", "Hdd", "UefiHttp"],
+        },
+        "Actions": {"#ComputerSystem.Reset": {
+            "target": format!("/redfish/v1/Systems/{id}/Actions/ComputerSystem.Reset"),
+            "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "ForceRestart", "PowerCycle"],
+        }},
+    })
+}
+
+async fn rf_root(State(b): State<Arc<Bmc>>) -> Json<Value> {
+    b.requests.fetch_add(1, Ordering::Relaxed);
+    Json(json!({
+        "@odata.id": "/redfish/v1/",
+        "RedfishVersion": "1.6.0",
+        "Systems": {"@odata.id": "/redfish/v1/Systems"},
+    }))
+}
+
+async fn rf_systems(State(b): State<Arc<Bmc>>) -> Json<Value> {
+    b.requests.fetch_add(1, Ordering::Relaxed);
+    let members: Vec<Value> = b
+        .systems
+        .lock()
+        .unwrap()
+        .keys()
+        .map(|k| json!({"@odata.id": format!("/redfish/v1/Systems/{k}")}))
+        .collect();
+    Json(json!({"Members@odata.count": members.len(), "Members": members}))
+}
+
+async fn rf_system(State(b): State<Arc<Bmc>>, Path(id): Path<String>) -> Response {
+    b.requests.fetch_add(1, Ordering::Relaxed);
+    match b.systems.lock().unwrap().get(&id) {
+        Some(s) => Json(system_json(&id, s)).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn rf_patch(
+    State(b): State<Arc<Bmc>>,
+    Path(id): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    b.requests.fetch_add(1, Ordering::Relaxed);
+    let mut systems = b.systems.lock().unwrap();
+    let Some(s) = systems.get_mut(&id) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if let Some(e) = body["Boot"]["BootSourceOverrideEnabled"].as_str() {
+        s.enabled = e.into();
+    }
+    if let Some(t) = body["Boot"]["BootSourceOverrideTarget"].as_str() {
+        s.target = t.into();
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn rf_reset(
+    State(b): State<Arc<Bmc>>,
+    Path(id): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    b.requests.fetch_add(1, Ordering::Relaxed);
+    b.resets.fetch_add(1, Ordering::Relaxed);
+    let kind = body["ResetType"].as_str().unwrap_or("").to_string();
+    {
+        let mut systems = b.systems.lock().unwrap();
+        let Some(s) = systems.get_mut(&id) else {
+            return StatusCode::NOT_FOUND.into_response();
+        };
+        match kind.as_str() {
+            "ForceOff" => {
+                s.power_on = false;
+                return StatusCode::NO_CONTENT.into_response();
+            }
+            "On" | "ForceOn" if s.power_on => {
+                return (StatusCode::CONFLICT, "already on").into_response();
+            }
+            "On" | "ForceOn" | "PowerCycle" | "ForceRestart" => s.power_on = false,
+            _ => return (StatusCode::BAD_REQUEST, "unknown ResetType").into_response(),
+        }
+    }
+    // Off for a second, then on: the machine boots what its override says.
+    let b2 = b.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let netboot = {
+            let mut systems = b2.systems.lock().unwrap();
+            let s = systems.get_mut(&id).expect("system");
+            s.power_on = true;
+            let net = s.enabled != "Disabled" && (s.target == "Pxe" || s.target == "UefiHttp");
+            if s.enabled == "Once" {
+                s.enabled = "Disabled".into();
+            }
+            net
+        };
+        if netboot && let Some((_, tx)) = b2.nodes.get(&id) {
+            let _ = tx.send(());
+        }
+    });
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let k = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
+    v[k.min(v.len() - 1)]
+}
+
+/// utime+stime in seconds and RSS in MB of `pid`.
+fn proc_sample(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some((ticks / 100.0, rss_kb / 1024.0))
+}
+
+fn proc_total(pids: &[u32]) -> (f64, f64) {
+    pids.iter()
+        .filter_map(|p| proc_sample(*p))
+        .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+async fn api(a: &Args, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+    let body = body.unwrap_or(Value::Null);
+    let (s, b, _) = http_once(
+        a.local,
+        SocketAddrV4::new(a.server, a.http_port),
+        method,
+        &format!("/api/v1{path}"),
+        (!body.is_null()).then_some(&body),
+        true,
+        &a.token,
+    )
+    .await?;
+    let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+    if !(200..300).contains(&s) {
+        bail!("{method} {path}: HTTP {s}: {}", String::from_utf8_lossy(&b));
+    }
+    Ok(v)
+}
+
+/// Runs `f(0..n)` with at most `par` at once.
+async fn each<F, Fut>(n: usize, par: usize, f: F) -> Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let sem = Arc::new(Semaphore::new(par));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let permit = sem.clone().acquire_owned().await?;
+        let fut = f(i);
+        set.spawn(async move {
+            let r = fut.await;
+            drop(permit);
+            r
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let n = args.nodes;
+    let pxed_mode = args.mode == "pxed";
+
+    let dhcp = {
+        let s = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )?;
+        s.set_reuse_address(true)?;
+        s.set_broadcast(true)?;
+        s.bind_device(Some(args.iface.as_bytes()))?;
+        s.set_recv_buffer_size(32 << 20)?;
+        s.set_send_buffer_size(8 << 20)?;
+        s.set_nonblocking(true)?;
+        s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68)).into())?;
+        UdpSocket::from_std(s.into())?
+    };
+    let mut txs = Vec::with_capacity(n);
+    let mut rxs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel();
+        txs.push(tx);
+        rxs.push(rx);
+    }
+    let sim = Arc::new(Sim {
+        args: args.clone(),
+        t0: Mutex::new(None),
+        counters: Counters::default(),
+        timelines: (0..n).map(|_| Mutex::new(Timeline::default())).collect(),
+        waiters: Mutex::new(HashMap::new()),
+        dhcp,
+        done: tokio::sync::Notify::new(),
+        finished: AtomicU64::new(0),
+    });
+
+    // DHCP replies, dispatched by xid.
+    {
+        let sim = sim.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let Ok((len, _)) = sim.dhcp.recv_from(&mut buf).await else {
+                    continue;
+                };
+                let Ok(m) = Message::decode(&mut Decoder::new(&buf[..len])) else {
+                    continue;
+                };
+                if m.opcode() != Opcode::BootReply {
+                    continue;
+                }
+                if let Some(tx) = sim.waiters.lock().unwrap().get(&m.xid()) {
+                    let _ = tx.send(m);
+                }
+            }
+        });
+    }
+
+    let bmc = Arc::new(Bmc {
+        systems: Mutex::new(
+            (0..n)
+                .map(|i| {
+                    (
+                        format!("s{i}"),
+                        System {
+                            power_on: true,
+                            enabled: "Disabled".into(),
+                            target: "None".into(),
+                        },
+                    )
+                })
+                .collect(),
+        ),
+        nodes: txs
+            .iter()
+            .enumerate()
+            .map(|(i, tx)| (format!("s{i}"), (i, tx.clone())))
+            .collect(),
+        requests: AtomicU64::new(0),
+        resets: AtomicU64::new(0),
+    });
+    if pxed_mode {
+        let app = Router::new()
+            .route("/redfish/v1/", get(rf_root))
+            .route("/redfish/v1", get(rf_root))
+            .route("/redfish/v1/Systems", get(rf_systems))
+            .route("/redfish/v1/Systems/{id}", get(rf_system).patch(rf_patch))
+            .route(
+                "/redfish/v1/Systems/{id}/Actions/ComputerSystem.Reset",
+                post(rf_reset),
+            )
+            .with_state(bmc.clone());
+        let l = tokio::net::TcpListener::bind((args.local, args.bmc_port)).await?;
+        tokio::spawn(async move { axum::serve(l, app).await });
+
+        eprintln!("registering {n} nodes (BMC: Redfish double at {}:{})", args.local, args.bmc_port);
+        let ids: Arc<Mutex<Vec<i64>>> = Arc::new(Mutex::new(vec![0; n]));
+        let t = Instant::now();
+        {
+            let ids = ids.clone();
+            let a = args.clone();
+            each(n, 16, move |i| {
+                let a = a.clone();
+                let ids = ids.clone();
+                async move {
+                    let mac = mac_str(&mac_of(&a.mac_prefix, i));
+                    let v = api(
+                        &a,
+                        "POST",
+                        "/nodes",
+                        Some(json!({"name": format!("s{i}"), "arch": "x86_64", "macs": [mac],
+                            "labels": {"rack": format!("r{}", i / 40)},
+                            "bmc": {"driver": "redfish",
+                                    "address": format!("http://{}:{}", a.local, a.bmc_port),
+                                    "username": "admin", "password": "storm-bmc-pw",
+                                    "system_id": format!("s{i}")}})),
+                    )
+                    .await?;
+                    let id = v["id"].as_i64().ok_or_else(|| anyhow!("no id: {v}"))?;
+                    api(&a, "POST", &format!("/nodes/{id}/actions/allocate"), None).await?;
+                    ids.lock().unwrap()[i] = id;
+                    Ok(())
+                }
+            })
+            .await?;
+        }
+        eprintln!("registered and allocated in {:.1} s", t.elapsed().as_secs_f64());
+        for (i, rx) in rxs.into_iter().enumerate() {
+            tokio::spawn(sim.clone().node(i, rx));
+        }
+        let t0 = Instant::now();
+        *sim.t0.lock().unwrap() = Some(t0);
+        let ids = ids.lock().unwrap().clone();
+        let a = args.clone();
+        let img = args.image.clone();
+        each(n, 64, move |i| {
+            let a = a.clone();
+            let id = ids[i];
+            let img = img.clone();
+            async move {
+                api(&a, "POST", &format!("/nodes/{id}/reinstall"), Some(json!({"image": img})))
+                    .await?;
+                Ok(())
+            }
+        })
+        .await?;
+        eprintln!(
+            "{n} reinstall calls answered in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+    } else {
+        *sim.t0.lock().unwrap() = Some(Instant::now());
+        for (i, rx) in rxs.into_iter().enumerate() {
+            tokio::spawn(sim.clone().node(i, rx));
+        }
+    }
+    let t0 = sim.t0.lock().unwrap().expect("t0");
+
+    // Sample the server while the storm runs.
+    let samples = Arc::new(Mutex::new(Vec::<(f64, f64, f64, u64)>::new()));
+    {
+        let samples = samples.clone();
+        let pids = args.server_pid.clone();
+        let sim = sim.clone();
+        tokio::spawn(async move {
+            loop {
+                let (cpu, rss) = proc_total(&pids);
+                samples.lock().unwrap().push((
+                    t0.elapsed().as_secs_f64(),
+                    cpu,
+                    rss,
+                    sim.finished.load(Ordering::Relaxed),
+                ));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+    let (cpu0, _) = proc_total(&args.server_pid);
+    let finished = tokio::time::timeout(Duration::from_secs(args.timeout_secs), sim.done.notified())
+        .await
+        .is_ok();
+    let wall = t0.elapsed().as_secs_f64();
+    let (cpu1, _) = proc_total(&args.server_pid);
+
+    // ---- report
+    let tls: Vec<Timeline> = sim
+        .timelines
+        .iter()
+        .map(|t| t.lock().unwrap().clone())
+        .collect();
+    let ok = tls.iter().filter(|t| t.done.is_some()).count();
+    let mut by_stage: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (i, t) in tls.iter().enumerate() {
+        let (stage, why) = match (&t.failed, t.done) {
+            (Some((s, w)), _) => (s.name().to_string(), w.clone()),
+            (None, Some(_)) => continue,
+            (None, None) => {
+                let next = Stage::ALL
+                    .iter()
+                    .find(|s| !t.ends.contains_key(s))
+                    .map_or("?", |s| s.name());
+                (format!("{next} (unfinished at the timeout)"), String::new())
+            }
+        };
+        by_stage.entry(stage).or_default().push(format!("s{i}: {why}"));
+    }
+    println!();
+    println!(
+        "storm: {n} nodes, mode {}, {} ok, {} failed, wall {:.1} s{}",
+        args.mode,
+        ok,
+        n - ok,
+        wall,
+        if finished { "" } else { " (timed out)" }
+    );
+    println!(
+        "{:<24} {:>8} {:>8} {:>8} {:>8}   (seconds, from the previous stage's end)",
+        "stage", "p50", "p95", "p99", "max"
+    );
+    let mut prev_stage: Option<Stage> = None;
+    let stages: Vec<Stage> = Stage::ALL
+        .iter()
+        .copied()
+        .filter(|s| pxed_mode || *s <= Stage::Initrd)
+        .collect();
+    for s in &stages {
+        let mut d: Vec<f64> = tls
+            .iter()
+            .filter_map(|t| {
+                let end = t.ends.get(s)?;
+                let start = match prev_stage {
+                    Some(p) => *t.ends.get(&p)?,
+                    None => t0,
+                };
+                Some(end.duration_since(start).as_secs_f64())
+            })
+            .collect();
+        d.sort_by(f64::total_cmp);
+        let label = if *s == Stage::PowerOn && pxed_mode {
+            "reinstall call → power on"
+        } else {
+            s.name()
+        };
+        println!(
+            "{:<24} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   n={}",
+            label,
+            pct(&d, 50.0),
+            pct(&d, 95.0),
+            pct(&d, 99.0),
+            pct(&d, 100.0),
+            d.len()
+        );
+        prev_stage = Some(*s);
+    }
+    let mut tot: Vec<f64> = tls
+        .iter()
+        .filter_map(|t| Some(t.done?.duration_since(t0).as_secs_f64()))
+        .collect();
+    tot.sort_by(f64::total_cmp);
+    let end_label = if pxed_mode { "total (t0 → available)" } else { "total (t0 → initrd)" };
+    println!(
+        "{:<24} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   n={}",
+        end_label,
+        pct(&tot, 50.0),
+        pct(&tot, 95.0),
+        pct(&tot, 99.0),
+        pct(&tot, 100.0),
+        tot.len()
+    );
+    let last_done = tot.last().copied().unwrap_or(f64::NAN);
+    let c = &sim.counters;
+    println!(
+        "retries: DHCP retransmits {}, TFTP timeouts {}, HTTP retries {}; extra power-ons {}",
+        c.dhcp_retransmits.load(Ordering::Relaxed),
+        c.tftp_timeouts.load(Ordering::Relaxed),
+        c.http_retries.load(Ordering::Relaxed),
+        c.extra_power_ons.load(Ordering::Relaxed)
+    );
+    if pxed_mode {
+        println!(
+            "BMC double: {} requests, {} resets",
+            bmc.requests.load(Ordering::Relaxed),
+            bmc.resets.load(Ordering::Relaxed)
+        );
+    }
+    if by_stage.is_empty() {
+        println!("failures by stage: none");
+    } else {
+        println!("failures by stage:");
+        for (s, v) in &by_stage {
+            println!("  {s}: {}  e.g. {}", v.len(), v.iter().take(3).cloned().collect::<Vec<_>>().join(" | "));
+        }
+    }
+    let http_bytes = c.http_bytes.load(Ordering::Relaxed);
+    let tftp_bytes = c.tftp_bytes.load(Ordering::Relaxed);
+    println!(
+        "bytes: HTTP {:.2} GB, TFTP {:.1} MB; server CPU {:.1} s over the storm ({:.0}% of one core)",
+        http_bytes as f64 / 1e9,
+        tftp_bytes as f64 / 1e6,
+        cpu1 - cpu0,
+        100.0 * (cpu1 - cpu0) / wall
+    );
+    {
+        let s = samples.lock().unwrap();
+        let peak = s.iter().map(|x| x.2).fold(0.0, f64::max);
+        println!("server over time (CPU % of one core over the interval, RSS MB, nodes finished); peak RSS {peak:.0} MB:");
+        let step = (s.len() / 12).max(1);
+        let mut k = 0;
+        while k + step < s.len() {
+            let (a, b) = (&s[k], &s[k + step]);
+            println!(
+                "  t={:>6.1}s  cpu {:>5.0}%  rss {:>6.0} MB  finished {:>5}",
+                b.0,
+                100.0 * (b.1 - a.1) / (b.0 - a.0),
+                b.2,
+                b.3
+            );
+            k += step;
+        }
+    }
+
+    // ---- the byte-transfer floor: the same files at the server's own HTTP rate.
+    let pairs = args.floor_pairs;
+    let fetched = Arc::new(AtomicU64::new(0));
+    let tf = Instant::now();
+    {
+        let a = args.clone();
+        let fetched = fetched.clone();
+        each(pairs, args.floor_streams, move |_| {
+            let a = a.clone();
+            let fetched = fetched.clone();
+            async move {
+                let srv = SocketAddrV4::new(a.server, a.http_port);
+                for p in [&a.kernel_path, &a.initrd_path] {
+                    let (s, _, got) = http_once(a.local, srv, "GET", p, None, false, "").await?;
+                    if s != 200 {
+                        bail!("floor: HTTP {s} for {p}");
+                    }
+                    fetched.fetch_add(got, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+        })
+        .await?;
+    }
+    let ft = tf.elapsed().as_secs_f64();
+    let rate = fetched.load(Ordering::Relaxed) as f64 / ft;
+    let floor = (http_bytes + tftp_bytes) as f64 / rate;
+    println!(
+        "floor: the server's HTTP rate for the same files, {} kernel+initrd pairs over {} streams after the storm: {:.0} MB/s",
+        pairs,
+        args.floor_streams,
+        rate / 1e6
+    );
+    println!(
+        "floor: storm bytes / that rate = {:.1} s; last node finished at {:.1} s = {:.2}× the floor",
+        floor,
+        last_done,
+        last_done / floor
+    );
+    println!(
+        "RESULT mode={} nodes={} ok={} failed={} last={:.1} floor={:.1} ratio={:.2}",
+        args.mode,
+        n,
+        ok,
+        n - ok,
+        last_done,
+        floor,
+        last_done / floor
+    );
+    Ok(())
+}
