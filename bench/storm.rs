@@ -101,6 +101,9 @@ struct Args {
     /// The client side's interface (DHCP broadcasts go out of it).
     #[arg(long, default_value = "c0")]
     iface: String,
+    /// Reinstall calls in flight at once (a reclaim hook's parallelism).
+    #[arg(long, default_value_t = 64)]
+    api_parallel: usize,
     /// MAC prefix (the last three bytes are the node's number).
     #[arg(long, default_value = "52:54:01")]
     mac_prefix: String,
@@ -1102,7 +1105,7 @@ async fn main() -> Result<()> {
         let ids = ids.lock().unwrap().clone();
         let a = args.clone();
         let img = args.image.clone();
-        each(n, 64, move |i| {
+        each(n, args.api_parallel, move |i| {
             let a = a.clone();
             let id = ids[i];
             let img = img.clone();
@@ -1246,6 +1249,21 @@ async fn main() -> Result<()> {
         c.extra_power_ons.load(Ordering::Relaxed)
     );
     if pxed_mode {
+        // Every node's state as pxed has it, page by page.
+        let mut states: BTreeMap<String, usize> = BTreeMap::new();
+        let mut after = 0i64;
+        loop {
+            let v = api(&args, "GET", &format!("/nodes?limit=1000&after={after}"), None).await?;
+            let page = v["nodes"].as_array().cloned().unwrap_or_default();
+            for n in &page {
+                *states.entry(n["state"].as_str().unwrap_or("?").into()).or_default() += 1;
+                after = after.max(n["id"].as_i64().unwrap_or(0));
+            }
+            if page.len() < 1000 {
+                break;
+            }
+        }
+        println!("pxed's node states after the storm: {states:?}");
         println!(
             "BMC double: {} requests, {} resets",
             bmc.requests.load(Ordering::Relaxed),

@@ -131,12 +131,8 @@ run_pxed() {
   echo "== $mode: $n nodes" >&2
   ip netns exec "$C" "$SIM" --mode "$sim_mode" --nodes "$n" --server 10.77.0.1 --local 10.77.0.2 \
     --token storm-token --server-pid "$pid" --floor-streams "${FLOOR_STREAMS:-64}" \
-    --floor-pairs "${FLOOR_PAIRS:-200}" | sed "s/^RESULT /RESULT server=$mode /"
+    --floor-pairs "${FLOOR_PAIRS:-200}" --api-parallel "${API_PARALLEL:-64}" | sed "s/^RESULT /RESULT server=$mode /"
   if [ "$sim_mode" = pxed ]; then
-    local st
-    st=$(ip netns exec "$C" curl -sS -H 'Authorization: Bearer storm-token' http://10.77.0.1/api/v1/nodes |
-      python3 -c 'import json,sys,collections; v=json.load(sys.stdin); v=v.get("nodes",v) if isinstance(v,dict) else v; print(dict(collections.Counter(n["state"] for n in v)))')
-    echo "pxed's node states after the storm: $st"
     grep -E '^pxed_(power_on|dhcp_offers_held|first_stage|streams|http_sendfile)[a-z_]* ' \
       <(ip netns exec "$C" curl -sS http://10.77.0.1/metrics) | sed 's/^/  /' || true
   fi

@@ -125,8 +125,10 @@ pub async fn boot_action_for(
             format!("node {} was discovered and is not enrolled", node.id),
         );
     }
+    // A `reclaiming` node may be past its reset already (see `transition`: the
+    // transition decides, from the node as committed).
     let (true, Some(token)) = (
-        node.state.serves_installer(),
+        node.state.serves_installer() || node.state == State::Reclaiming,
         node.boot_token.as_ref().map(|t| t.as_str()),
     ) else {
         return (
@@ -200,6 +202,14 @@ pub async fn boot_action_for(
             (
                 Action::LocalBoot,
                 format!("node {} is {}", node.id, applied.node.state),
+            )
+        }
+        Err(_) if node.state == State::Reclaiming => {
+            // Its reset was not sent yet, or no DHCP since: the machine's earlier boot.
+            st.stats.installers_refused.inc();
+            (
+                Action::LocalBoot,
+                format!("node {} is {}", node.id, node.state),
             )
         }
         Err(e) => {

@@ -702,6 +702,18 @@ pub enum TransitionError {
 }
 
 /// Decide what `event` does to `node` under `policy`. Pure.
+/// The installer went out: `installing`, and the one-time network boot is cleared.
+fn installer_served(node: &Node, policy: &Policy) -> Outcome {
+    let next = Node {
+        state: State::Installing,
+        ..node.clone()
+    };
+    let clear = Effect::ClearBootOverride {
+        generation: node.generation,
+    };
+    changed(node, next, policy, Duration::ZERO, vec![clear], None)
+}
+
 pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome, TransitionError> {
     use Event as E;
     use State as S;
@@ -993,22 +1005,15 @@ pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome
         // A window for another attempt, or the netboot was seen meanwhile.
         (_, E::NetbootNotObserved { .. }) => Ok(Outcome::Ignored(Ignored::StaleDeadline)),
 
-        (S::Netbooting, E::InstallerServed { .. }) => {
-            let next = Node {
-                state: S::Installing,
-                ..node.clone()
-            };
-            let clear = Effect::ClearBootOverride {
-                generation: node.generation,
-            };
-            Ok(changed(
-                node,
-                next,
-                policy,
-                Duration::ZERO,
-                vec![clear],
-                None,
-            ))
+        (S::Netbooting, E::InstallerServed { .. }) => Ok(installer_served(node, policy)),
+        // From `reclaiming` too once a DHCP from the node arrived after its reset was
+        // sent: the machine netbooted into iPXE before the power cycle's result was
+        // recorded (fast firmware, or a BMC slow to show the restart; seen in the
+        // 1,000-node storm). Refusing would send it to its old disk and leave the
+        // reinstall waiting for a deadline. The power cycle's result, when it comes,
+        // finds the node past `reclaiming` and is ignored as stale.
+        (S::Reclaiming, E::InstallerServed { .. }) if node.netboot.observed => {
+            Ok(installer_served(node, policy))
         }
         // The installer was served a second time in this attempt: the machine rebooted
         // into the netboot again instead of installing (an override the BMC keeps, an
@@ -1598,6 +1603,64 @@ mod tests {
             image: Some("debian-13".into()),
             ..rest_node(&Node::discovered(), S::Available)
         }
+    }
+
+    /// A node that netbooted into iPXE before its power cycle's result was recorded
+    /// (seen in the boot storm): after a DHCP that followed the reset, its script fetch
+    /// serves the installer; before one, it does not. The late power-cycle result is
+    /// then stale.
+    #[test]
+    fn installer_served_while_reclaiming_only_after_a_netboot_was_seen() {
+        let p = policy();
+        let (n, _) = step(
+            &fresh_available(),
+            Event::ReinstallRequested {
+                image: None,
+                token: token("tok-r"),
+            },
+            &p,
+        );
+        let (n, _) = step(
+            &n,
+            Event::NetbootSet {
+                generation: 1,
+                attempt: 0,
+            },
+            &p,
+        );
+        assert_eq!(n.state, S::Reclaiming);
+        let served = Event::InstallerServed { generation: 1 };
+        assert!(
+            transition(&n, &served, &p).is_err(),
+            "no DHCP after the reset yet: the machine's earlier boot"
+        );
+        let (n, _) = step(
+            &n,
+            Event::NetbootObserved {
+                generation: 1,
+                after_reset: true,
+            },
+            &p,
+        );
+        assert_eq!((n.state, n.netboot.observed), (S::Reclaiming, true));
+        let (n, fx) = step(&n, served, &p);
+        assert_eq!(n.state, S::Installing);
+        assert!(
+            fx.contains(&Effect::ClearBootOverride { generation: 1 }),
+            "{fx:?}"
+        );
+        let late = Event::PowerCycled {
+            generation: 1,
+            attempt: 0,
+        };
+        assert!(
+            matches!(
+                transition(&n, &late, &p),
+                Ok(Outcome::Ignored(Ignored::StaleBmcResult))
+            ),
+            "{:?}",
+            transition(&n, &late, &p)
+        );
     }
 
     #[test]
