@@ -1254,7 +1254,7 @@ async fn main() -> Result<()> {
         let mut after = 0i64;
         loop {
             let v = api(&args, "GET", &format!("/nodes?limit=1000&after={after}"), None).await?;
-            let page = v["nodes"].as_array().cloned().unwrap_or_default();
+            let page = v.as_array().cloned().unwrap_or_default();
             for n in &page {
                 *states.entry(n["state"].as_str().unwrap_or("?").into()).or_default() += 1;
                 after = after.max(n["id"].as_i64().unwrap_or(0));

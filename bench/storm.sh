@@ -22,7 +22,7 @@
 # Usage: bench/storm.sh [nodes...]            (root; default 1000)
 # Env:   SERVERS="pxed dnsmasq pxed-boot"  which runs, in order (default "pxed")
 #        KERNEL_MB=10 INITRD_MB=60           file sizes
-#        WAVE_SIZE=100 WAVE_INTERVAL=2       pxed's power-on waves ([pacing])
+#        WAVE_SIZE=250 WAVE_INTERVAL=2       pxed's power-on waves ([pacing])
 #        MAX_FIRST_STAGE=64 MAX_STREAMS=128  pxed's transfer slots ([pacing])
 #        FLOOR_STREAMS=64 FLOOR_PAIRS=200    the floor measurement
 #        NEIGH=1                             raise the server netns' ARP table limits
@@ -102,7 +102,7 @@ pxed_env() {
   # the kickstart, which no simulated installer follows) must be http.
   echo PXED_API_TOKEN=storm-token PXED_MIRROR_BASE="${1:-http://10.77.0.1/mirror/}" \
     PXED_IMAGES_DIR="$work/images" PXED_LOG=warn \
-    PXED_PACING__POWER_ON_WAVE_SIZE="${WAVE_SIZE:-100}" \
+    PXED_PACING__POWER_ON_WAVE_SIZE="${WAVE_SIZE:-250}" \
     PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS="${WAVE_INTERVAL:-2}" \
     PXED_PACING__MAX_FIRST_STAGE="${MAX_FIRST_STAGE:-64}" \
     PXED_PACING__MAX_STREAMS="${MAX_STREAMS:-128}" \
@@ -138,7 +138,7 @@ run_pxed() {
   fi
   kill "$pid"; wait "$pid" 2>/dev/null || true
   cp "$work/pxed-$n-$mode.log" /tmp/storm-pxed-$n-$mode.log
-  grep -ciE 'error|panic' "$work/pxed-$n-$mode.log" | sed 's/^/pxed log lines with error or panic: /'
+  echo "pxed log lines with ERROR or panic: $(grep -ciE ' error |panic' "$work/pxed-$n-$mode.log" || true)"
 }
 
 run_dnsmasq() {

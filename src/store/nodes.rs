@@ -817,6 +817,7 @@ impl Store {
 
     /// Records the architecture a node reported (DHCP option 93 or the agent).
     pub async fn set_arch(&self, id: i64, arch: Arch) -> Result<(), StoreError> {
+        let _turn = self.writer.lock().await;
         sqlx::query!("UPDATE nodes SET arch = ? WHERE id = ?", arch, id)
             .execute(&self.pool)
             .await?;

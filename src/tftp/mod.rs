@@ -59,8 +59,8 @@ pub struct TftpStats {
     pub refused: Counter,
     /// Of `refused`: a directory, FIFO, socket or device was asked for.
     pub not_regular: Counter,
-    /// Requests refused because `max_transfers` were in flight, none of them
-    /// half-open.
+    /// Requests left unanswered because `max_transfers` were in flight, none of
+    /// them half-open (the client's retransmission is served once a slot frees).
     pub busy: Counter,
     /// Requests refused because their client address had its limit of transfers
     /// in flight.
@@ -141,7 +141,7 @@ impl Render for TftpStats {
         c(
             out,
             "busy",
-            "TFTP requests refused at the transfer limit.",
+            "TFTP requests left unanswered at the transfer limit (the client retransmits).",
             &self.busy,
         );
         c(

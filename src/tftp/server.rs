@@ -151,10 +151,13 @@ pub async fn serve(
                 continue;
             }
             Err(Refused::Full) => {
+                // Not answered: firmware gives up the whole boot on an ERROR, but
+                // sends its RRQ again after its timeout (OVMF and PXE ROMs: a few
+                // seconds, several times), and that one is served once a slot is
+                // free. Seen in the boot storm: 1,000 machines powered on at once
+                // got 186 "server busy" errors, each a failed boot.
                 stats.busy.inc();
-                tracing::warn!(%peer, file = %name, max = settings.max_transfers, "TFTP busy");
-                packet::encode_error(&mut out, ErrorCode::Undefined, "server busy");
-                let _ = socket.send_to(&out, peer).await;
+                tracing::debug!(%peer, file = %name, max = settings.max_transfers, "TFTP full: request left for the client to retransmit");
                 continue;
             }
         };
