@@ -156,6 +156,7 @@ impl Stage {
 #[derive(Default)]
 struct Counters {
     dhcp_retransmits: AtomicU64,
+    dhcp_naks: AtomicU64,
     tftp_timeouts: AtomicU64,
     http_retries: AtomicU64,
     extra_power_ons: AtomicU64,
@@ -174,6 +175,8 @@ struct Timeline {
 struct Sim {
     args: Args,
     t0: Mutex<Option<Instant>>,
+    /// The server's CPU seconds at t0.
+    cpu0: Mutex<f64>,
     counters: Counters,
     timelines: Vec<Mutex<Timeline>>,
     /// DHCP replies by xid.
@@ -215,7 +218,11 @@ struct Lease {
 
 impl Sim {
     fn record(&self, i: usize, s: Stage) {
-        self.timelines[i].lock().unwrap().ends.insert(s, Instant::now());
+        self.timelines[i]
+            .lock()
+            .unwrap()
+            .ends
+            .insert(s, Instant::now());
     }
 
     fn fail(&self, i: usize, s: Stage, why: String) {
@@ -249,7 +256,18 @@ impl Sim {
         let xid: u32 = rand::random();
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.waiters.lock().unwrap().insert(xid, tx);
-        let r = self.dora_inner(i, kind, mac, xid, &mut rx).await;
+        // A NAK sends the client back to DISCOVER (RFC 2131's INIT state), as
+        // firmware does; four rounds at most.
+        let mut r = Err(anyhow!("no DHCP round"));
+        for _ in 0..4 {
+            r = self.dora_inner(i, kind, mac, xid, &mut rx).await;
+            match &r {
+                Err(e) if e.to_string().starts_with("NAK") => {
+                    self.counters.dhcp_naks.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => break,
+            }
+        }
         self.waiters.lock().unwrap().remove(&xid);
         r
     }
@@ -303,7 +321,8 @@ impl Sim {
                     .fetch_add(1, Ordering::Relaxed);
             }
             self.send_dhcp(&discover).await?;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
+            let deadline =
+                tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
             while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
                 if msg_type(&m) == Some(MessageType::Offer) {
                     offer = Some(m);
@@ -330,7 +349,8 @@ impl Sim {
                     .fetch_add(1, Ordering::Relaxed);
             }
             self.send_dhcp(&req).await?;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
+            let deadline =
+                tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
             while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
                 match msg_type(&m) {
                     Some(MessageType::Ack) => {
@@ -340,11 +360,10 @@ impl Sim {
                             .unwrap_or_default()
                             .trim_end_matches('\0')
                             .to_string();
-                        let file = match (file.is_empty(), m.opts().get(OptionCode::BootfileName))
-                        {
-                            (true, Some(DhcpOption::BootfileName(b))) => {
-                                String::from_utf8_lossy(b).trim_end_matches('\0').to_string()
-                            }
+                        let file = match (file.is_empty(), m.opts().get(OptionCode::BootfileName)) {
+                            (true, Some(DhcpOption::BootfileName(b))) => String::from_utf8_lossy(b)
+                                .trim_end_matches('\0')
+                                .to_string(),
                             _ => file,
                         };
                         // The offer's file when the ACK has none (some servers).
@@ -358,7 +377,10 @@ impl Sim {
                         } else {
                             file
                         };
-                        return Ok(Lease { ip: m.yiaddr(), file });
+                        return Ok(Lease {
+                            ip: m.yiaddr(),
+                            file,
+                        });
                     }
                     Some(MessageType::Nak) => bail!("NAK for {}", offer.yiaddr()),
                     _ => {}
@@ -371,11 +393,21 @@ impl Sim {
 
     /// A TFTP read as OVMF asks for it; returns the bytes received.
     async fn tftp(&self, src: Ipv4Addr, file: &str) -> Result<u64> {
-        const BLK: usize = 1468;
-        const WIN: u16 = 4;
+        // What the server accepted in its OACK; without one, RFC 1350's lock-step.
+        let mut blk: usize = 512;
+        let mut win: u16 = 1;
         let sock = UdpSocket::bind(SocketAddrV4::new(src, 0)).await?;
         let mut rrq = vec![0, 1];
-        for part in [file, "octet", "tsize", "0", "blksize", "1468", "windowsize", "4"] {
+        for part in [
+            file,
+            "octet",
+            "tsize",
+            "0",
+            "blksize",
+            "1468",
+            "windowsize",
+            "4",
+        ] {
             rrq.extend_from_slice(part.as_bytes());
             rrq.push(0);
         }
@@ -416,8 +448,16 @@ impl Sim {
                     // OACK: tsize=<n>, blksize, windowsize accepted.
                     let opts: Vec<&[u8]> = buf[2..n].split(|b| *b == 0).collect();
                     for w in opts.chunks(2) {
-                        if w.len() == 2 && w[0].eq_ignore_ascii_case(b"tsize") {
-                            tsize = std::str::from_utf8(w[1]).ok().and_then(|s| s.parse().ok());
+                        if w.len() != 2 {
+                            continue;
+                        }
+                        let v = std::str::from_utf8(w[1]).ok();
+                        if w[0].eq_ignore_ascii_case(b"tsize") {
+                            tsize = v.and_then(|s| s.parse().ok());
+                        } else if w[0].eq_ignore_ascii_case(b"blksize") {
+                            blk = v.and_then(|s| s.parse().ok()).unwrap_or(512);
+                        } else if w[0].eq_ignore_ascii_case(b"windowsize") {
+                            win = v.and_then(|s| s.parse().ok()).unwrap_or(1);
                         }
                     }
                     peer = Some(from);
@@ -442,8 +482,8 @@ impl Sim {
                     total += len as u64;
                     expected = expected.wrapping_add(1);
                     since_ack += 1;
-                    let last = len < BLK;
-                    if last || since_ack == WIN {
+                    let last = len < blk;
+                    if last || since_ack >= win {
                         let mut ack = vec![0, 4];
                         ack.extend_from_slice(&block.to_be_bytes());
                         sock.send_to(&ack, from).await?;
@@ -521,17 +561,29 @@ impl Sim {
     async fn boot(&self, i: usize) -> Result<(), (Stage, String)> {
         let e = |s: Stage| move |err: anyhow::Error| (s, format!("{err:#}"));
         tokio::time::sleep(Duration::from_secs_f64(jitter(self.args.post_secs, 1.0))).await;
-        let lease = self.dora(i, DhcpKind::Firmware).await.map_err(e(Stage::Dhcp))?;
+        let lease = self
+            .dora(i, DhcpKind::Firmware)
+            .await
+            .map_err(e(Stage::Dhcp))?;
         self.record(i, Stage::Dhcp);
         if lease.file.is_empty() {
             return Err((Stage::Dhcp, "no boot file in the ACK".into()));
         }
-        self.tftp(lease.ip, &lease.file).await.map_err(e(Stage::Tftp))?;
+        self.tftp(lease.ip, &lease.file)
+            .await
+            .map_err(e(Stage::Tftp))?;
         self.record(i, Stage::Tftp);
-        let lease = self.dora(i, DhcpKind::Ipxe).await.map_err(e(Stage::DhcpIpxe))?;
+        let lease = self
+            .dora(i, DhcpKind::Ipxe)
+            .await
+            .map_err(e(Stage::DhcpIpxe))?;
         self.record(i, Stage::DhcpIpxe);
-        let script_path = path_of(&lease.file)
-            .ok_or_else(|| (Stage::DhcpIpxe, format!("iPXE got no HTTP script: {:?}", lease.file)))?;
+        let script_path = path_of(&lease.file).ok_or_else(|| {
+            (
+                Stage::DhcpIpxe,
+                format!("iPXE got no HTTP script: {:?}", lease.file),
+            )
+        })?;
         let (script, _) = self
             .get_ok(lease.ip, &script_path, true)
             .await
@@ -541,7 +593,12 @@ impl Sim {
         let boot_mode = self.args.mode == "boot";
         let kernel = url_after(&script, "kernel")
             .or_else(|| boot_mode.then(|| self.args.kernel_path.clone()))
-            .ok_or_else(|| (Stage::Script, format!("no kernel in the script: {script:.200}")))?;
+            .ok_or_else(|| {
+                (
+                    Stage::Script,
+                    format!("no kernel in the script: {script:.200}"),
+                )
+            })?;
         let initrd = url_after(&script, "initrd")
             .or_else(|| boot_mode.then(|| self.args.initrd_path.clone()))
             .ok_or_else(|| (Stage::Script, "no initrd in the script".into()))?;
@@ -571,10 +628,20 @@ impl Sim {
             .map(|k| ks[k + 4..].split('\'').next().unwrap_or(""))
             .and_then(|b| b.rsplit('/').next())
             .map(String::from)
-            .ok_or_else(|| (Stage::Installer, "no agent callback in the kickstart".into()))?;
-        self.callback(lease.ip, &format!("/cb/{token}/installed"), json!({}), "first_boot")
-            .await
-            .map_err(e(Stage::Installer))?;
+            .ok_or_else(|| {
+                (
+                    Stage::Installer,
+                    "no agent callback in the kickstart".into(),
+                )
+            })?;
+        self.callback(
+            lease.ip,
+            &format!("/cb/{token}/installed"),
+            json!({}),
+            "first_boot",
+        )
+        .await
+        .map_err(e(Stage::Installer))?;
         self.record(i, Stage::Installer);
         // The installed system boots from disk and leases again.
         let os = self.dora(i, DhcpKind::Os).await.map_err(e(Stage::DhcpOs))?;
@@ -582,9 +649,14 @@ impl Sim {
         let mac = mac_of(&self.args.mac_prefix, i);
         let host = format!("node-{:02x}{:02x}{:02x}", mac[3], mac[4], mac[5]);
         let report = json!({"hostname": host, "arch": "x86_64", "facts": {}});
-        self.callback(os.ip, &format!("/cb/{agent}/first-boot"), report, "first_boot")
-            .await
-            .map_err(e(Stage::FirstBoot))?;
+        self.callback(
+            os.ip,
+            &format!("/cb/{agent}/first-boot"),
+            report,
+            "first_boot",
+        )
+        .await
+        .map_err(e(Stage::FirstBoot))?;
         self.callback(
             os.ip,
             &format!("/cb/{agent}/health"),
@@ -619,7 +691,9 @@ impl Sim {
         let mut booted = false;
         while power.recv().await.is_some() {
             if booted {
-                self.counters.extra_power_ons.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .extra_power_ons
+                    .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             booted = true;
@@ -998,6 +1072,7 @@ async fn main() -> Result<()> {
     let sim = Arc::new(Sim {
         args: args.clone(),
         t0: Mutex::new(None),
+        cpu0: Mutex::new(0.0),
         counters: Counters::default(),
         timelines: (0..n).map(|_| Mutex::new(Timeline::default())).collect(),
         waiters: Mutex::new(HashMap::new()),
@@ -1051,6 +1126,31 @@ async fn main() -> Result<()> {
         requests: AtomicU64::new(0),
         resets: AtomicU64::new(0),
     });
+    // Sample the server while the storm runs.
+    let samples = Arc::new(Mutex::new(Vec::<(f64, f64, f64, u64)>::new()));
+    {
+        let samples = samples.clone();
+        let pids = args.server_pid.clone();
+        let sim = sim.clone();
+        tokio::spawn(async move {
+            let t0 = loop {
+                if let Some(t) = *sim.t0.lock().unwrap() {
+                    break t;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            loop {
+                let (cpu, rss) = proc_total(&pids);
+                samples.lock().unwrap().push((
+                    t0.elapsed().as_secs_f64(),
+                    cpu,
+                    rss,
+                    sim.finished.load(Ordering::Relaxed),
+                ));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
     if pxed_mode {
         let app = Router::new()
             .route("/redfish/v1/", get(rf_root))
@@ -1065,7 +1165,10 @@ async fn main() -> Result<()> {
         let l = tokio::net::TcpListener::bind((args.local, args.bmc_port)).await?;
         tokio::spawn(async move { axum::serve(l, app).await });
 
-        eprintln!("registering {n} nodes (BMC: Redfish double at {}:{})", args.local, args.bmc_port);
+        eprintln!(
+            "registering {n} nodes (BMC: Redfish double at {}:{})",
+            args.local, args.bmc_port
+        );
         let ids: Arc<Mutex<Vec<i64>>> = Arc::new(Mutex::new(vec![0; n]));
         let t = Instant::now();
         {
@@ -1080,12 +1183,14 @@ async fn main() -> Result<()> {
                         &a,
                         "POST",
                         "/nodes",
-                        Some(json!({"name": format!("s{i}"), "arch": "x86_64", "macs": [mac],
+                        Some(
+                            json!({"name": format!("s{i}"), "arch": "x86_64", "macs": [mac],
                             "labels": {"rack": format!("r{}", i / 40)},
                             "bmc": {"driver": "redfish",
                                     "address": format!("http://{}:{}", a.local, a.bmc_port),
                                     "username": "admin", "password": "storm-bmc-pw",
-                                    "system_id": format!("s{i}")}})),
+                                    "system_id": format!("s{i}")}}),
+                        ),
                     )
                     .await?;
                     let id = v["id"].as_i64().ok_or_else(|| anyhow!("no id: {v}"))?;
@@ -1096,12 +1201,16 @@ async fn main() -> Result<()> {
             })
             .await?;
         }
-        eprintln!("registered and allocated in {:.1} s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "registered and allocated in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
         for (i, rx) in rxs.into_iter().enumerate() {
             tokio::spawn(sim.clone().node(i, rx));
         }
         let t0 = Instant::now();
         *sim.t0.lock().unwrap() = Some(t0);
+        *sim.cpu0.lock().unwrap() = proc_total(&args.server_pid).0;
         let ids = ids.lock().unwrap().clone();
         let a = args.clone();
         let img = args.image.clone();
@@ -1110,8 +1219,13 @@ async fn main() -> Result<()> {
             let id = ids[i];
             let img = img.clone();
             async move {
-                api(&a, "POST", &format!("/nodes/{id}/reinstall"), Some(json!({"image": img})))
-                    .await?;
+                api(
+                    &a,
+                    "POST",
+                    &format!("/nodes/{id}/reinstall"),
+                    Some(json!({"image": img})),
+                )
+                .await?;
                 Ok(())
             }
         })
@@ -1122,35 +1236,18 @@ async fn main() -> Result<()> {
         );
     } else {
         *sim.t0.lock().unwrap() = Some(Instant::now());
+        *sim.cpu0.lock().unwrap() = proc_total(&args.server_pid).0;
         for (i, rx) in rxs.into_iter().enumerate() {
             tokio::spawn(sim.clone().node(i, rx));
         }
     }
     let t0 = sim.t0.lock().unwrap().expect("t0");
 
-    // Sample the server while the storm runs.
-    let samples = Arc::new(Mutex::new(Vec::<(f64, f64, f64, u64)>::new()));
-    {
-        let samples = samples.clone();
-        let pids = args.server_pid.clone();
-        let sim = sim.clone();
-        tokio::spawn(async move {
-            loop {
-                let (cpu, rss) = proc_total(&pids);
-                samples.lock().unwrap().push((
-                    t0.elapsed().as_secs_f64(),
-                    cpu,
-                    rss,
-                    sim.finished.load(Ordering::Relaxed),
-                ));
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
-    }
-    let (cpu0, _) = proc_total(&args.server_pid);
-    let finished = tokio::time::timeout(Duration::from_secs(args.timeout_secs), sim.done.notified())
-        .await
-        .is_ok();
+    let cpu0 = *sim.cpu0.lock().unwrap();
+    let finished =
+        tokio::time::timeout(Duration::from_secs(args.timeout_secs), sim.done.notified())
+            .await
+            .is_ok();
     let wall = t0.elapsed().as_secs_f64();
     let (cpu1, _) = proc_total(&args.server_pid);
 
@@ -1174,7 +1271,10 @@ async fn main() -> Result<()> {
                 (format!("{next} (unfinished at the timeout)"), String::new())
             }
         };
-        by_stage.entry(stage).or_default().push(format!("s{i}: {why}"));
+        by_stage
+            .entry(stage)
+            .or_default()
+            .push(format!("s{i}: {why}"));
     }
     println!();
     println!(
@@ -1229,7 +1329,11 @@ async fn main() -> Result<()> {
         .filter_map(|t| Some(t.done?.duration_since(t0).as_secs_f64()))
         .collect();
     tot.sort_by(f64::total_cmp);
-    let end_label = if pxed_mode { "total (t0 → available)" } else { "total (t0 → initrd)" };
+    let end_label = if pxed_mode {
+        "total (t0 → available)"
+    } else {
+        "total (t0 → initrd)"
+    };
     println!(
         "{:<24} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   n={}",
         end_label,
@@ -1242,8 +1346,9 @@ async fn main() -> Result<()> {
     let last_done = tot.last().copied().unwrap_or(f64::NAN);
     let c = &sim.counters;
     println!(
-        "retries: DHCP retransmits {}, TFTP timeouts {}, HTTP retries {}; extra power-ons {}",
+        "retries: DHCP retransmits {}, NAKs {}, TFTP timeouts {}, HTTP retries {}; extra power-ons {}",
         c.dhcp_retransmits.load(Ordering::Relaxed),
+        c.dhcp_naks.load(Ordering::Relaxed),
         c.tftp_timeouts.load(Ordering::Relaxed),
         c.http_retries.load(Ordering::Relaxed),
         c.extra_power_ons.load(Ordering::Relaxed)
@@ -1253,10 +1358,18 @@ async fn main() -> Result<()> {
         let mut states: BTreeMap<String, usize> = BTreeMap::new();
         let mut after = 0i64;
         loop {
-            let v = api(&args, "GET", &format!("/nodes?limit=1000&after={after}"), None).await?;
+            let v = api(
+                &args,
+                "GET",
+                &format!("/nodes?limit=1000&after={after}"),
+                None,
+            )
+            .await?;
             let page = v.as_array().cloned().unwrap_or_default();
             for n in &page {
-                *states.entry(n["state"].as_str().unwrap_or("?").into()).or_default() += 1;
+                *states
+                    .entry(n["state"].as_str().unwrap_or("?").into())
+                    .or_default() += 1;
                 after = after.max(n["id"].as_i64().unwrap_or(0));
             }
             if page.len() < 1000 {
@@ -1275,7 +1388,11 @@ async fn main() -> Result<()> {
     } else {
         println!("failures by stage:");
         for (s, v) in &by_stage {
-            println!("  {s}: {}  e.g. {}", v.len(), v.iter().take(3).cloned().collect::<Vec<_>>().join(" | "));
+            println!(
+                "  {s}: {}  e.g. {}",
+                v.len(),
+                v.iter().take(3).cloned().collect::<Vec<_>>().join(" | ")
+            );
         }
     }
     let http_bytes = c.http_bytes.load(Ordering::Relaxed);
@@ -1290,7 +1407,9 @@ async fn main() -> Result<()> {
     {
         let s = samples.lock().unwrap();
         let peak = s.iter().map(|x| x.2).fold(0.0, f64::max);
-        println!("server over time (CPU % of one core over the interval, RSS MB, nodes finished); peak RSS {peak:.0} MB:");
+        println!(
+            "server over time (CPU % of one core over the interval, RSS MB, nodes finished); peak RSS {peak:.0} MB:"
+        );
         let step = (s.len() / 12).max(1);
         let mut k = 0;
         while k + step < s.len() {

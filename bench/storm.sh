@@ -46,6 +46,7 @@ ulimit -n "$(ulimit -Hn)"
 
 tag=$$
 work=$(mktemp -d -p /var/tmp pxed-storm.XXXXXX)
+chmod 755 "$work" # nginx's workers and dnsmasq drop root and read from here
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -183,6 +184,7 @@ NGX
     "${server_pids[@]}" --floor-streams "${FLOOR_STREAMS:-64}" --floor-pairs "${FLOOR_PAIRS:-200}" |
     sed "s/^RESULT /RESULT server=dnsmasq+nginx /"
   kill "$npid" "$dpid"; wait "$npid" "$dpid" 2>/dev/null || true
+  cp "$work/dnsmasq.log" /tmp/storm-dnsmasq-$n.log 2>/dev/null || true
 }
 
 for n in "${NODES[@]}"; do
