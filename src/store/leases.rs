@@ -135,8 +135,6 @@ impl Store {
         }
         let upserts = (!upserts.is_empty()).then(|| json(&upserts));
         let deletes = (!deletes.is_empty()).then(|| json(&deletes));
-        // In turn with the other writers (see `WriteTx`).
-        let _turn = self.writer.lock().await;
         match (upserts, deletes) {
             (None, None) => {}
             (Some(u), None) => upsert_json(pool, &u).await?,

@@ -114,49 +114,12 @@ impl Render for StoreHealth {
     }
 }
 
-/// A write transaction: this process's writer turn, then `BEGIN IMMEDIATE`.
-///
-/// SQLite has one writer. Without the turn, a second `BEGIN IMMEDIATE` waits in
-/// SQLite's busy handler, which polls with sleeps growing to 100 ms: under a burst
-/// (a 1,000-node reinstall storm, 64 reclaim calls at once) writers slept far longer
-/// than they wrote, and the reinstall API answered ~50 calls/s at 34% of a core. Here
-/// writers queue on an async mutex, first come first served, and the next one starts
-/// the moment the last commits. The busy timeout still covers other processes (the
-/// CLI's `image add`, an operator's `sqlite3`). Derefs to the connection; dropped
-/// without [`WriteTx::commit`], it rolls back.
-pub(crate) struct WriteTx {
-    // Field order is drop order: the transaction ends before the turn is handed on.
-    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
-    _turn: tokio::sync::OwnedMutexGuard<()>,
-}
-
-impl WriteTx {
-    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
-    }
-}
-
-impl std::ops::Deref for WriteTx {
-    type Target = sqlx::SqliteConnection;
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl std::ops::DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
-    }
-}
-
 /// The shared store handle (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Store {
     /// Private: every query lives in this module's files, so callers never see SQL
     /// and a second backend changes nothing outside `store`.
     pool: SqlitePool,
-    /// Turns for write transactions, in arrival order (see [`WriteTx`]).
-    writer: Arc<tokio::sync::Mutex<()>>,
     health: Arc<StoreHealth>,
     /// Seals BMC passwords at rest.
     key: Arc<secrets::SecretKey>,
@@ -208,22 +171,10 @@ impl Store {
         }
         drop(held);
         let key = Arc::new(secrets::SecretKey::load(data_dir)?);
-        let store = Store {
-            pool,
-            writer: Arc::default(),
-            health,
-            key,
-        };
+        let store = Store { pool, health, key };
         store.check(&file).await?;
         store.seal_plaintext_secrets().await?;
         Ok(store)
-    }
-
-    /// Starts a write transaction in this process's writer order (see [`WriteTx`]).
-    pub(crate) async fn begin_write(&self) -> Result<WriteTx, sqlx::Error> {
-        let turn = self.writer.clone().lock_owned().await;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTx { tx, _turn: turn })
     }
 
     /// Start-up checks: the file passes SQLite's quick integrity check and takes a

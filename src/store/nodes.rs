@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::SqliteConnection;
+use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use super::{Store, StoreError};
 use crate::model::{AgentToken, Arch, BootToken, Driver, Mac, NodeArch, State, Step};
@@ -97,7 +97,7 @@ pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
 impl Store {
     /// Registers a node with its interfaces and BMC in one transaction.
     pub async fn create_node(&self, n: &NewNode, actor: &str) -> Result<i64, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.pool.begin().await?;
         let t = now();
         let id = sqlx::query_scalar!(
             r#"INSERT INTO nodes (name, arch, state, state_since, created_at)
@@ -150,7 +150,7 @@ impl Store {
         keys: &[String],
         actor: &str,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.pool.begin().await?;
         let Some(row) = sqlx::query!(
             r#"SELECT state AS "state: State", generation FROM nodes WHERE id = ?"#,
             node_id
@@ -375,7 +375,7 @@ impl Store {
 
     /// Deletes a node (its interfaces, BMC and secrets go with it; the audit log stays).
     pub async fn delete_node(&self, id: i64, actor: &str) -> Result<bool, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.pool.begin().await?;
         let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(&mut *tx)
             .await?
@@ -432,14 +432,14 @@ impl Store {
 /// never both read a version and then race to write it): the lifecycle's only way into
 /// the store. Dropped without [`NodeTx::commit`], it rolls back.
 pub struct NodeTx {
-    pub(super) tx: super::WriteTx,
+    pub(super) tx: Transaction<'static, Sqlite>,
 }
 
 impl Store {
     /// Starts a lifecycle write transaction.
     pub async fn begin_node_tx(&self) -> Result<NodeTx, StoreError> {
         Ok(NodeTx {
-            tx: self.begin_write().await?,
+            tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
         })
     }
 }
@@ -654,12 +654,12 @@ async fn put_idempotent(
 
 /// Replaces a node's own SSH keys inside `tx`.
 async fn set_ssh_keys_tx(
-    tx: &mut SqliteConnection,
+    tx: &mut Transaction<'_, Sqlite>,
     node_id: i64,
     keys: &[String],
 ) -> Result<(), StoreError> {
     sqlx::query!("DELETE FROM node_ssh_keys WHERE node_id = ?", node_id)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     for (position, key) in (0_i64..).zip(keys) {
         sqlx::query!(
@@ -668,14 +668,14 @@ async fn set_ssh_keys_tx(
             position,
             key
         )
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     }
     Ok(())
 }
 
 async fn set_bmc_tx(
-    tx: &mut SqliteConnection,
+    tx: &mut Transaction<'_, Sqlite>,
     key: &super::secrets::SecretKey,
     node_id: i64,
     b: &BmcRow,
@@ -695,7 +695,7 @@ async fn set_bmc_tx(
         b.tls_pin,
         b.tls_insecure
     )
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     if let Some(p) = password {
         let p = key.seal(node_id, p);
@@ -705,7 +705,7 @@ async fn set_bmc_tx(
             node_id,
             p
         )
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     }
     Ok(())
@@ -719,7 +719,7 @@ impl Store {
         &self,
         seen: &[(Mac, Option<Arch>)],
     ) -> Result<Vec<(i64, Mac)>, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut created = Vec::new();
         let t = now();
         for (mac, arch) in seen {
@@ -817,7 +817,6 @@ impl Store {
 
     /// Records the architecture a node reported (DHCP option 93 or the agent).
     pub async fn set_arch(&self, id: i64, arch: Arch) -> Result<(), StoreError> {
-        let _turn = self.writer.lock().await;
         sqlx::query!("UPDATE nodes SET arch = ? WHERE id = ?", arch, id)
             .execute(&self.pool)
             .await?;

@@ -76,7 +76,7 @@ impl Store {
     /// queued event (it gets changes from now on), a URL no longer configured loses its
     /// cursor (so it holds nothing back).
     pub async fn webhook_sync_cursors(&self, urls: &[&str]) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let known = sqlx::query_scalar!("SELECT url FROM webhook_cursors")
             .fetch_all(&mut *tx)
             .await?;
@@ -141,7 +141,7 @@ impl Store {
         targets: &[CursorTarget<'_>],
         cap: u32,
     ) -> Result<Pruned, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut cursors = Vec::with_capacity(targets.len());
         for t in targets {
             let c = sqlx::query_scalar!("SELECT last_id FROM webhook_cursors WHERE url = ?", t.url)
