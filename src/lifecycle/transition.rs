@@ -701,7 +701,6 @@ pub enum TransitionError {
     FirstBootNotReported,
 }
 
-/// Decide what `event` does to `node` under `policy`. Pure.
 /// The installer went out: `installing`, and the one-time network boot is cleared.
 fn installer_served(node: &Node, policy: &Policy) -> Outcome {
     let next = Node {
@@ -714,6 +713,7 @@ fn installer_served(node: &Node, policy: &Policy) -> Outcome {
     changed(node, next, policy, Duration::ZERO, vec![clear], None)
 }
 
+/// Decide what `event` does to `node` under `policy`. Pure.
 pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome, TransitionError> {
     use Event as E;
     use State as S;
