@@ -260,7 +260,7 @@ impl Sim {
         // firmware does; four rounds at most.
         let mut r = Err(anyhow!("no DHCP round"));
         for _ in 0..4 {
-            r = self.dora_inner(i, kind, mac, xid, &mut rx).await;
+            r = self.dora_inner(kind, mac, xid, &mut rx).await;
             match &r {
                 Err(e) if e.to_string().starts_with("NAK") => {
                     self.counters.dhcp_naks.fetch_add(1, Ordering::Relaxed);
@@ -274,7 +274,6 @@ impl Sim {
 
     async fn dora_inner(
         &self,
-        i: usize,
         kind: DhcpKind,
         mac: [u8; 6],
         xid: u32,
@@ -311,29 +310,16 @@ impl Sim {
             m
         };
         // The PXE spec's firmware schedule: 4, 8, 16, 32 s (plus a little jitter).
-        let schedule = [4.0, 8.0, 16.0, 32.0];
         let discover = base(MessageType::Discover);
-        let mut offer = None;
-        for (k, wait) in schedule.iter().enumerate() {
-            if k > 0 {
-                self.counters
-                    .dhcp_retransmits
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            self.send_dhcp(&discover).await?;
-            let deadline =
-                tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
-            while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-                if msg_type(&m) == Some(MessageType::Offer) {
-                    offer = Some(m);
-                    break;
-                }
-            }
-            if offer.is_some() {
-                break;
-            }
-        }
-        let offer = offer.ok_or_else(|| anyhow!("no OFFER after 4 DISCOVERs (60 s)"))?;
+        let offer = self
+            .exchange(
+                &discover,
+                &[4.0, 8.0, 16.0, 32.0],
+                rx,
+                &[MessageType::Offer],
+            )
+            .await?
+            .ok_or_else(|| anyhow!("no OFFER after 4 DISCOVERs (60 s)"))?;
         let sid = match offer.opts().get(OptionCode::ServerIdentifier) {
             Some(DhcpOption::ServerIdentifier(s)) => *s,
             _ => bail!("OFFER without a server identifier"),
@@ -342,53 +328,53 @@ impl Sim {
         req.opts_mut()
             .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
         req.opts_mut().insert(DhcpOption::ServerIdentifier(sid));
-        for (k, wait) in [4.0, 8.0, 16.0].iter().enumerate() {
+        let reply = self
+            .exchange(
+                &req,
+                &[4.0, 8.0, 16.0],
+                rx,
+                &[MessageType::Ack, MessageType::Nak],
+            )
+            .await?
+            .ok_or_else(|| anyhow!("no ACK after 3 REQUESTs for {}", offer.yiaddr()))?;
+        if msg_type(&reply) == Some(MessageType::Nak) {
+            bail!("NAK for {}", offer.yiaddr());
+        }
+        // The offer's file when the ACK has none (some servers).
+        let file = Some(boot_file(&reply))
+            .filter(|f| !f.is_empty())
+            .unwrap_or_else(|| boot_file(&offer));
+        Ok(Lease {
+            ip: reply.yiaddr(),
+            file,
+        })
+    }
+
+    /// Sends `m`, again after each wait of `schedule` without a reply of a `wanted`
+    /// type (each retransmission counted); the reply, if any came.
+    async fn exchange(
+        &self,
+        m: &Message,
+        schedule: &[f64],
+        rx: &mut mpsc::UnboundedReceiver<Message>,
+        wanted: &[MessageType],
+    ) -> Result<Option<Message>> {
+        for (k, wait) in schedule.iter().enumerate() {
             if k > 0 {
                 self.counters
                     .dhcp_retransmits
                     .fetch_add(1, Ordering::Relaxed);
             }
-            self.send_dhcp(&req).await?;
+            self.send_dhcp(m).await?;
             let deadline =
                 tokio::time::Instant::now() + Duration::from_secs_f64(jitter(*wait, 0.1));
-            while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-                match msg_type(&m) {
-                    Some(MessageType::Ack) => {
-                        let file = m
-                            .fname_str()
-                            .and_then(Result::ok)
-                            .unwrap_or_default()
-                            .trim_end_matches('\0')
-                            .to_string();
-                        let file = match (file.is_empty(), m.opts().get(OptionCode::BootfileName)) {
-                            (true, Some(DhcpOption::BootfileName(b))) => String::from_utf8_lossy(b)
-                                .trim_end_matches('\0')
-                                .to_string(),
-                            _ => file,
-                        };
-                        // The offer's file when the ACK has none (some servers).
-                        let file = if file.is_empty() {
-                            offer
-                                .fname_str()
-                                .and_then(Result::ok)
-                                .unwrap_or_default()
-                                .trim_end_matches('\0')
-                                .to_string()
-                        } else {
-                            file
-                        };
-                        return Ok(Lease {
-                            ip: m.yiaddr(),
-                            file,
-                        });
-                    }
-                    Some(MessageType::Nak) => bail!("NAK for {}", offer.yiaddr()),
-                    _ => {}
+            while let Ok(Some(r)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+                if msg_type(&r).is_some_and(|t| wanted.contains(&t)) {
+                    return Ok(Some(r));
                 }
             }
         }
-        let _ = i;
-        bail!("no ACK after 3 REQUESTs for {}", offer.yiaddr())
+        Ok(None)
     }
 
     /// A TFTP read as OVMF asks for it; returns the bytes received.
@@ -720,6 +706,21 @@ impl Sim {
 
 fn jitter(base: f64, frac: f64) -> f64 {
     base * (1.0 + frac * rand::random::<f64>())
+}
+
+/// The boot file of a reply: the `file` field, else option 67 (NUL padding dropped).
+fn boot_file(m: &Message) -> String {
+    let field = m.fname_str().and_then(Result::ok).unwrap_or_default();
+    let f = field.trim_end_matches('\0');
+    if !f.is_empty() {
+        return f.to_string();
+    }
+    match m.opts().get(OptionCode::BootfileName) {
+        Some(DhcpOption::BootfileName(b)) => String::from_utf8_lossy(b)
+            .trim_end_matches('\0')
+            .to_string(),
+        _ => String::new(),
+    }
 }
 
 fn msg_type(m: &Message) -> Option<MessageType> {

@@ -11,8 +11,8 @@ use std::net::IpAddr;
 use crate::credential;
 use crate::images::{Arch, Family, ImageError, StoredImage};
 use crate::install::{InstallContext, InstallError};
-use crate::lifecycle::apply::Hooks;
-use crate::lifecycle::transition::{Event, State};
+use crate::lifecycle::apply::{ApplyError, Hooks};
+use crate::lifecycle::transition::{Event, State, TransitionError};
 use crate::model::{Mac, NodeArch};
 use crate::script::{Action, ArchBoot};
 use crate::state::AppState;
@@ -204,7 +204,9 @@ pub async fn boot_action_for(
                 format!("node {} is {}", node.id, applied.node.state),
             )
         }
-        Err(_) if node.state == State::Reclaiming => {
+        Err(ApplyError::Transition(TransitionError::NotAllowed { .. }))
+            if node.state == State::Reclaiming =>
+        {
             // Its reset was not sent yet, or no DHCP since: the machine's earlier boot.
             st.stats.installers_refused.inc();
             (
