@@ -5,7 +5,7 @@
 #
 # Without --ci each target runs to N executions (default 10,000,000), one process each,
 # niced, growing its working corpus in fuzz/work/<target> from the committed seeds in
-# fuzz/corpus/<target>. --ci runs each target for CI_SECONDS (default 20) from the seeds
+# fuzz/corpus/<target>. --ci runs each target for CI_SECONDS (default 10) from the seeds
 # only. Either way a crash, a timeout or an out-of-memory fails the run; the input is
 # left in fuzz/artifacts/<target>/ and the log in fuzz/logs/<target>.log.
 #
@@ -71,7 +71,7 @@ for t in "${targets[@]}"; do
   if [ "$ci" = 1 ]; then
     # Seeds only, nothing written into the tree: a scratch corpus per run.
     work=$(mktemp -d)
-    args+=(-max_total_time="${CI_SECONDS:-20}")
+    args+=(-max_total_time="${CI_SECONDS:-10}")
   else
     work=work/$t
     mkdir -p "$work"

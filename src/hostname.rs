@@ -48,8 +48,7 @@ fn mac_digits(mac: &str) -> String {
 pub fn hostname_for(prefix: &str, boot_mac: &str, taken: impl Fn(&str) -> bool) -> String {
     let prefix = sanitize_prefix(prefix);
     let digits = mac_digits(boot_mac);
-    for len in [6, 8, 10, 12] {
-        let candidate = format!("{prefix}{}", &digits[12 - len..]);
+    for candidate in candidates(&prefix, &digits) {
         if !taken(&candidate) {
             return candidate;
         }
@@ -58,6 +57,18 @@ pub fn hostname_for(prefix: &str, boot_mac: &str, taken: impl Fn(&str) -> bool) 
         .map(|n| format!("{prefix}{digits}-{n}"))
         .find(|c| !taken(c))
         .expect("an unbounded counter always yields a free name")
+}
+
+fn candidates(prefix: &str, digits: &str) -> [String; 4] {
+    [6, 8, 10, 12].map(|len| format!("{prefix}{}", &digits[12 - len..]))
+}
+
+/// Every name [`hostname_for`] can try for this MAC: the first three candidates, and
+/// the 12-digit one, which every later candidate (`-2`, `-3`, ...) starts with. The
+/// store reads only the names in use among these instead of every hostname.
+pub fn hostname_candidates(prefix: &str, boot_mac: &str) -> ([String; 3], String) {
+    let [a, b, c, d] = candidates(&sanitize_prefix(prefix), &mac_digits(boot_mac));
+    ([a, b, c], d)
 }
 
 /// Whether `s` is a valid RFC 1123 host label in the form pxed generates (lower-case).
@@ -142,6 +153,9 @@ mod tests {
             "gpu-rack-7-3a4b5c"
         );
         assert_eq!(hostname_for("--x", MAC, |_| false), "x3a4b5c");
+        let (short, long) = hostname_candidates("GPU_Rack 7.", MAC);
+        assert_eq!(short[0], hostname_for("GPU_Rack 7.", MAC, |_| false));
+        assert_eq!(long, "gpu-rack-7-5254003a4b5c");
         assert_eq!(hostname_for("", MAC, |_| false), "3a4b5c");
         assert_eq!(hostname_for("Ünïcode-", MAC, |_| false), "n-code-3a4b5c");
     }

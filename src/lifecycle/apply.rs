@@ -204,7 +204,12 @@ async fn assign_hostname(
     let Some(mac) = tx.boot_mac(row.id).await? else {
         return Ok(());
     };
-    let taken: std::collections::HashSet<String> = tx.hostnames().await?.into_iter().collect();
+    let (exact, stem) = crate::hostname::hostname_candidates(prefix, &mac.to_string());
+    let taken: std::collections::HashSet<String> = tx
+        .hostnames_among(&exact, &stem)
+        .await?
+        .into_iter()
+        .collect();
     row.hostname = Some(crate::hostname::hostname_for(
         prefix,
         &mac.to_string(),

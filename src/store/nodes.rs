@@ -497,9 +497,31 @@ impl NodeTx {
         boot_mac_tx(&mut self.tx, id).await
     }
 
-    /// Every hostname in use.
-    pub async fn hostnames(&mut self) -> Result<Vec<String>, StoreError> {
-        hostnames_tx(&mut self.tx).await
+    /// The hostnames in use among `exact`, and those starting with `stem` (one
+    /// index lookup each, not a read of every hostname: a 5,000-node reclaim names
+    /// 5,000 nodes).
+    pub async fn hostnames_among(
+        &mut self,
+        exact: &[String; 3],
+        stem: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        // Generated names are [a-z0-9-]; every name starting with `stem` sorts below
+        // `stem` + '~'.
+        let upper = format!("{stem}~");
+        Ok(sqlx::query_scalar!(
+            "SELECT hostname FROM nodes WHERE hostname IN (?, ?, ?) \
+             OR (hostname >= ? AND hostname < ?)",
+            exact[0],
+            exact[1],
+            exact[2],
+            stem,
+            upper
+        )
+        .fetch_all(&mut *self.tx)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect())
     }
 
     /// Commits.
@@ -822,18 +844,6 @@ impl Store {
             .await?;
         Ok(())
     }
-}
-
-/// Hostnames in use, inside a transaction.
-async fn hostnames_tx(conn: &mut SqliteConnection) -> Result<Vec<String>, StoreError> {
-    Ok(
-        sqlx::query_scalar!("SELECT hostname FROM nodes WHERE hostname IS NOT NULL")
-            .fetch_all(conn)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect(),
-    )
 }
 
 /// The boot NIC's MAC of a node, inside a transaction.
