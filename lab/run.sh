@@ -25,10 +25,11 @@
 #              once (not at a deadline);
 #   poweroff   the VM is powered off (Redfish ForceOff) while the image is being written:
 #              the installing deadline retries the reclaim and the node ends `available`;
-#   nooverride generation 1 deploys; for generation 2 the BMC accepts the one-time Pxe
-#              override but the VM boots its old disk: the node must never be reported
-#              reinstalled; every netboot method is caught within the observe window
-#              (LAB_NETBOOT_OBSERVE, 45 s) and it ends `failed` at netbooting with
+#   nooverride the VM's disk already holds the Debian image (written from the image cache
+#              before it starts, as on a node that ran before) and the BMC accepts the
+#              one-time Pxe override but the VM boots that disk: the node must never be
+#              reported reinstalled; every netboot method is caught within the observe
+#              window (LAB_NETBOOT_OBSERVE, 45 s) and it ends `failed` at netbooting with
 #              "netboot_not_observed ... tried: standard, uefi_override, off_on".
 #   lyingbmc   the BMC (tests/peers/bmc_fault_proxy.py lie-unless-mode in front of sushy)
 #              takes a Pxe override without BootSourceOverrideMode, reads it back as asked
@@ -37,13 +38,13 @@
 #              `available`; generation 2 must start with that method (recorded for the
 #              BMC model) and end `available` with no netboot_not_observed.
 #   lostdevice the VM's hardware changes between reinstalls, through extra QEMU arguments
-#              read at each power-on: generation 1 has a PCIe root port (x16) with a
-#              virtio-rng card behind it; generation 2 runs that port at x4; generation 3
-#              has the card and its port pulled. Generations 2 and 3 must end
-#              `quarantined` by the acceptance gate with the diff naming the narrowed link
-#              and the removed devices; accepting the inventory (the API's re-baseline)
-#              returns the node to `available`. (Unchanged hardware passing the gate is
-#              the plain lab's generation 2.)
+#              read at each power-on: generation 1 has two PCIe root ports, 09.0 (x16)
+#              and 0a.0, each with a virtio-rng card behind it; generation 2 runs 09.0 at
+#              x4 and has 0a.0 and its card pulled. Generation 2 must end `quarantined`
+#              by the acceptance gate with the diff naming the narrowed link and both
+#              removed devices; accepting the inventory (the API's re-baseline) returns
+#              the node to `available`. (Unchanged hardware passing the gate is the plain
+#              lab's generation 2.)
 # --installer, one VM: instead of the image deploy, the vendor's installer: Debian 12's
 #   debian-installer (debian-installer-12-netboot-amd64) from a mirror built from the
 #   archive by lab/di-mirror.sh and served in the namespace on 10.98.0.1:8080. It loads
@@ -156,11 +157,11 @@ export PXED_STATUS_PUBLIC=true
 case "$FAULT" in
   ''|checksum|notfound) ;;
   poweroff) LAB_INSTALL_DEADLINE=${LAB_INSTALL_DEADLINE:-150s} ;;
-  nooverride) REINSTALLS=2
+  nooverride) REINSTALLS=1
     export PXED_LIFECYCLE__MAX_ATTEMPTS=1 PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-45s} ;;
   lyingbmc) REINSTALLS=2
     export PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-60s} ;;
-  lostdevice) REINSTALLS=3 ;;
+  lostdevice) REINSTALLS=2 ;;
   *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride, lyingbmc, lostdevice)" >&2; exit 2 ;;
 esac
 [ -n "$FAULT" ] && VMS=1
@@ -212,7 +213,17 @@ stop_controller() {
   kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
   python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1 || true
 }
-start_controller once
+if [ "$FAULT" = nooverride ]; then
+  # A node that ran before: an OS on its disk for the ignored override to boot (with an
+  # empty disk the firmware would fall through to the network and boot pxed anyway).
+  zstd -q -dc "$CACHE/debian-12-amd64.raw.zst" > "$W/vm1.raw"
+  qemu-img convert -q -f raw -O qcow2 "$W/vm1.raw" "$W/vm1.qcow2" && rm -f "$W/vm1.raw"
+  qemu-img resize -q "$W/vm1.qcow2" 3G
+  say "fault nooverride: vm1's disk holds debian-12; the BMC accepts the Pxe override but the VM boots its disk"
+  start_controller ignored
+else
+  start_controller once
+fi
 BMC_URL=http://127.0.0.1:8000
 if [ "$FAULT" = lyingbmc ]; then
   # The lying BMC: the fault proxy in front of sushy, in the namespace.
@@ -272,8 +283,8 @@ expect() {
   [ -n "$INSTALLER" ] && { echo installer; return; }
   case "$FAULT" in
     checksum|notfound) echo fail-install ;;
-    nooverride) [ "$1" = 1 ] && echo ok || echo fail-netboot ;;
-    lostdevice) case "$1" in 2|3) echo quarantine ;; *) echo ok ;; esac ;;
+    nooverride) echo fail-netboot ;;
+    lostdevice) [ "$1" = 2 ] && echo quarantine || echo ok ;;
     *) echo ok ;;
   esac
 }
@@ -281,20 +292,17 @@ expect() {
 hardware() {
   local port='"-device", "pcie-root-port,id=rp9,bus=pcie.0,chassis=9,addr=0x9,x-speed=16,x-width=WIDTH"'
   local card='"-device", "virtio-rng-pci,bus=rp9"'
+  local port2='"-device", "pcie-root-port,id=rp10,bus=pcie.0,chassis=10,addr=0xa"'
+  local card2='"-device", "virtio-rng-pci,bus=rp10"'
   case "$1" in
-    1) echo "[${port/WIDTH/16}, $card]" ;;
-    2) echo "[${port/WIDTH/4}, $card]" ;;
-    *) echo "[]" ;;
+    1) echo "[${port/WIDTH/16}, $card, $port2, $card2]" ;;
+    *) echo "[${port/WIDTH/4}, $card]" ;;
   esac
 }
 for gen in $(seq 1 "$REINSTALLS"); do
   if [ "$FAULT" = lostdevice ]; then
     for i in $(seq 1 "$VMS"); do hardware "$gen" > "$W/vm$i.extra.json"; done
     say "fault lostdevice: generation $gen hardware: $(cat "$W/vm1.extra.json")"
-  fi
-  if [ "$FAULT" = nooverride ] && [ "$gen" = 2 ]; then
-    say "fault nooverride: the BMC now accepts the Pxe override but the VM boots its disk"
-    stop_controller; start_controller ignored
   fi
   for i in $(seq 1 "$VMS"); do
     id=${IDS[$((i-1))]}
@@ -342,11 +350,13 @@ print(next((e["detail"] for e in d["events"] if e["generation"] == g and e["even
       quarantine)
         # The gate must have quarantined it, naming what changed; accepting the new
         # inventory (re-baseline) must return it to available.
-        case "$gen" in
-          2) lost='pci 0000:00:09.0 (.*) link changed: 16 GT/s x16 -> 16 GT/s x4' ;;
-          *) lost='pci 0000:00:09.0 removed .*pci 0000:01:00.0 removed' ;;
-        esac
-        if [ "$st" = quarantined ] && echo "$reason" | grep -Eq "^inventory: .*$lost"; then
+        # Generation 2: 09.0's link narrowed, 0a.0 and the card behind it (bus 02) gone.
+        lost=1
+        for want in 'pci 0000:00:09.0 \(.*\) max link changed: 16 GT/s x16 -> 16 GT/s x4' \
+                    'pci 0000:00:0a.0 removed' 'pci 0000:02:00.0 removed \(was \[1af4:1044\]\)'; do
+          echo "$reason" | grep -Eq "^inventory: .*$want" || lost=''
+        done
+        if [ "$st" = quarantined ] && [ -n "$lost" ]; then
           PASSES=$((PASSES+1)); say "PASS fault lostdevice generation $gen: quarantined in ${took}s: $reason"
           acc=$(api POST "/nodes/$id/inventory/accept" '{}')
           now=$(api GET "/nodes/$id" | field state)
