@@ -7,8 +7,8 @@
 //! 1. firmware DHCP (DISCOVER with option 93 = 7, x86-64 UEFI; retransmits after 4, 8,
 //!    16 and 32 s as the PXE spec's firmware does), REQUEST, ACK;
 //! 2. the first stage over TFTP with the options OVMF asks for (tsize, blksize 1468,
-//!    windowsize 4); a window that does not arrive within 1 s is asked for again,
-//!    6 times at most;
+//!    windowsize 4); a window that does not arrive within 4 s is asked for again,
+//!    6 times at most (OVMF's PXE driver's values);
 //! 3. DHCP again as iPXE (user class `iPXE` and option 175);
 //! 4. the HTTP boot script, then kernel and initrd, read to the end (an HTTP attempt
 //!    that fails is retried 3 times, 1, 2 and 4 s apart, as an iPXE script's retry
@@ -52,6 +52,10 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, UdpSocket};
 use tokio::sync::{Semaphore, mpsc};
+
+/// OVMF's TFTP timeout and retries (see `Node::tftp`).
+const TFTP_TIMEOUT: Duration = Duration::from_secs(4);
+const TFTP_RETRIES: u32 = 6;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -377,7 +381,10 @@ impl Sim {
         Ok(None)
     }
 
-    /// A TFTP read as OVMF asks for it; returns the bytes received.
+    /// A TFTP read as OVMF asks for it; returns the bytes received. Timeouts as
+    /// OVMF's PXE driver sets them (edk2 NetworkPkg/UefiPxeBcDxe/PxeBcImpl.h:
+    /// `PXEBC_MTFTP_TIMEOUT` 4 s, `PXEBC_MTFTP_RETRIES` 6): the last packet, RRQ
+    /// or ACK, is sent again after each.
     async fn tftp(&self, src: Ipv4Addr, file: &str) -> Result<u64> {
         // What the server accepted in its OACK; without one, RFC 1350's lock-step.
         let mut blk: usize = 512;
@@ -408,14 +415,14 @@ impl Sim {
         let mut buf = vec![0u8; 2048];
         sock.send_to(&rrq, server).await?;
         loop {
-            let got = tokio::time::timeout(Duration::from_secs(1), sock.recv_from(&mut buf)).await;
+            let got = tokio::time::timeout(TFTP_TIMEOUT, sock.recv_from(&mut buf)).await;
             let (n, from) = match got {
                 Ok(r) => r?,
                 Err(_) => {
                     timeouts += 1;
                     self.counters.tftp_timeouts.fetch_add(1, Ordering::Relaxed);
-                    if timeouts > 6 {
-                        bail!("TFTP: 6 timeouts in a row at block {expected}");
+                    if timeouts > TFTP_RETRIES {
+                        bail!("TFTP: {timeouts} timeouts in a row at block {expected}");
                     }
                     match (&last_ack, peer) {
                         (Some(a), Some(p)) => sock.send_to(a, p).await?,

@@ -39,8 +39,9 @@ for tool in ip dnsmasq nginx python3; do
   esac
 done
 cargo build --release --bin pxed >&2
-SIM=$(cargo bench --bench storm --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
-[ -x "$SIM" ] || { echo "could not build bench/storm.rs" >&2; exit 1; }
+built=$(cargo bench --bench storm --no-run 2>&1) || { echo "$built" | tail -n 30 >&2; echo "could not build bench/storm.rs" >&2; exit 1; }
+SIM=$(echo "$built" | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
+[ -x "$SIM" ] || { echo "$built" | tail -n 30 >&2; echo "could not find bench/storm.rs's executable" >&2; exit 1; }
 PXED=$PWD/target/release/pxed
 ulimit -n "$(ulimit -Hn)"
 
