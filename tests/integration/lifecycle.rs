@@ -1484,9 +1484,18 @@ async fn reporting_events_are_stored_and_a_fail_ends_the_install() {
 async fn anaconda_syslog_reaches_the_timeline_and_fails_the_install() {
     crate::common::need("logger");
     let h = Harness::new(&[], RecordingBmc::default()).await;
-    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = udp.local_addr().unwrap();
-    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    // One port for both, as syslog has: a free UDP port may be taken for TCP by
+    // another test, so look until one is free for both.
+    let (udp, tcp, addr) = 'bind: {
+        for _ in 0..50 {
+            let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let addr = udp.local_addr().unwrap();
+            if let Ok(tcp) = tokio::net::TcpListener::bind(addr).await {
+                break 'bind (udp, tcp, addr);
+            }
+        }
+        panic!("no port free for both UDP and TCP in 50 tries");
+    };
     h.st.telemetry.set_listening(addr);
     tokio::spawn(pxed::telemetry::server::serve(
         udp,
