@@ -209,10 +209,6 @@ JSON
   for _ in $(seq 1 150); do [ -f "$W/state/ready" ] && break; sleep 0.2; done
   [ -f "$W/state/ready" ] || { tail -20 "$W/controller.log"; say "lab controller did not come up"; exit 1; }
 }
-stop_controller() {
-  kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
-  python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1 || true
-}
 if [ "$FAULT" = nooverride ]; then
   # A node that ran before: an OS on its disk for the ignored override to boot (with an
   # empty disk the firmware would fall through to the network and boot pxed anyway).

@@ -204,16 +204,15 @@ async fn assign_hostname(
     let Some(mac) = tx.boot_mac(row.id).await? else {
         return Ok(());
     };
-    let (exact, stem) = crate::hostname::hostname_candidates(prefix, &mac.to_string());
+    let mac = mac.to_string();
+    let (exact, stem) = crate::hostname::hostname_candidates(prefix, &mac);
     let taken: std::collections::HashSet<String> = tx
         .hostnames_among(&exact, &stem)
         .await?
         .into_iter()
         .collect();
-    row.hostname = Some(crate::hostname::hostname_for(
-        prefix,
-        &mac.to_string(),
-        |h| taken.contains(h),
-    ));
+    row.hostname = Some(crate::hostname::hostname_for(prefix, &mac, |h| {
+        taken.contains(h)
+    }));
     Ok(())
 }
