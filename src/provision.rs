@@ -171,7 +171,17 @@ pub async fn boot_action_for(
         boot_ip: Some(bound),
         ..Hooks::default()
     };
-    match st.lifecycle.apply_with(node.id, &ev, "script", hooks).await {
+    let mut result = st.lifecycle.apply_with(node.id, &ev, "script", hooks).await;
+    if node.state == State::Reclaiming
+        && matches!(
+            result,
+            Err(ApplyError::Transition(TransitionError::NotAllowed { .. }))
+        )
+        && netboot_seen_by_script(st, &node).await
+    {
+        result = st.lifecycle.apply_with(node.id, &ev, "script", hooks).await;
+    }
+    match result {
         Ok(applied)
             if applied.node.state == State::Installing
                 && applied.node.generation == node.generation =>
@@ -221,6 +231,40 @@ pub async fn boot_action_for(
                 Action::LocalBoot,
                 format!("node {}: installer not served: {e}", node.id),
             )
+        }
+    }
+}
+
+/// A `reclaiming` node's iPXE asking for its script once the power cycle of this
+/// attempt was sent is the netboot pxed waits for, as its DHCP would be: applies
+/// `NetbootObserved` and tells whether it holds. DHCP sightings reach the lifecycle in
+/// batches, and in the 1,000-node storm 9 machines were in iPXE asking for their
+/// script before their DHCP had been applied; they were sent to their old disk and
+/// their reinstalls left to a deadline.
+async fn netboot_seen_by_script(st: &AppState, node: &NodeRow) -> bool {
+    let sent = match st.store.bmc_intent(node.id).await {
+        Ok(i) => i.is_some_and(|i| {
+            i.step == crate::model::BmcStep::PowerCycle
+                && i.generation == node.generation
+                && i.attempt == node.attempt
+        }),
+        Err(e) => {
+            tracing::warn!(node = node.id, error = %e, "reading the node's power cycle");
+            false
+        }
+    };
+    if !sent {
+        return false;
+    }
+    let ev = Event::NetbootObserved {
+        generation: node.generation,
+        after_reset: true,
+    };
+    match st.lifecycle.apply(node.id, &ev, "script").await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::debug!(node = node.id, error = %e, "netboot seen by the script, not applied");
+            false
         }
     }
 }

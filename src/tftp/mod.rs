@@ -7,10 +7,11 @@
 //! are counted and dropped. A client ERROR (UEFI sends code 8 after its tsize
 //! probe) ends the transfer at once.
 //!
-//! Hostile clients are bounded: a few transfers per client address, a transfer
-//! whose client never answers its first packet is given up within a second, and
-//! until the client answers a transfer holds no thread and can be ended to make
-//! room for a newcomer (see `admission`). Only regular files under the root are
+//! Hostile clients are bounded: a few transfers per client address, a client that
+//! never answers gets the first packet twice (not `retries` + 1 times), and until
+//! the client answers a transfer holds no thread and can be ended to make room for
+//! a newcomer (see `admission`). It still listens for a late first ACK as long as
+//! an answered transfer waits: firmware resends only that ACK, seconds later. Only regular files under the root are
 //! served, and opening one never waits (see `path`).
 //!
 //! Written here rather than taken from async-tftp, which leaves dead transfers

@@ -1720,18 +1720,7 @@ async fn an_event_that_meets_a_full_disk_is_applied_once_space_returns() {
         .await;
     assert_eq!(s, 202, "{v}");
     // The power cycle is under way (netboot was set and recorded)...
-    until(
-        "the power cycle to start",
-        Duration::from_secs(10),
-        async || {
-            h.bmc
-                .calls()
-                .iter()
-                .any(|c| c == "power_cycle")
-                .then_some(())
-        },
-    )
-    .await;
+    power_cycle_sent(&h).await;
     // ...when the disk fills up, and then it succeeds.
     let filler = fill(&mnt);
     gate.add_permits(1);
@@ -1770,18 +1759,7 @@ async fn a_power_cycle_sent_before_a_crash_is_not_sent_again() {
         .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
         .await;
     assert_eq!(s, 202, "{v}");
-    until(
-        "the power cycle to reach the BMC",
-        Duration::from_secs(10),
-        async || {
-            h.bmc
-                .calls()
-                .iter()
-                .any(|c| c == "power_cycle")
-                .then_some(())
-        },
-    )
-    .await;
+    power_cycle_sent(&h).await;
     // The daemon dies with the cycle sent and unanswered.
     assert_eq!(h.node(id).await["state"], "reclaiming");
     h.cancel.cancel();
@@ -1802,6 +1780,51 @@ async fn a_power_cycle_sent_before_a_crash_is_not_sent_again() {
         .filter(|e| e["event"] == "power_cycled")
         .collect();
     assert_eq!(cycled.len(), 1, "{:#}", n["events"]);
+}
+
+/// A machine in iPXE asking for its script after its power cycle was sent, before
+/// pxed has recorded the cycle's result or applied its DHCP (both lag in a boot
+/// storm), gets the installer: the request is the netboot pxed waits for. Before the
+/// cycle was sent the same request is the machine's earlier boot and gets its disk.
+#[tokio::test]
+async fn a_script_fetched_after_the_reset_was_sent_gets_the_installer() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let bmc = RecordingBmc {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    };
+    let h = Harness::new(&[], bmc).await;
+    let mac = "52:54:00:aa:cc:61";
+    let id = h.register(mac).await;
+    let (s, v) = h
+        .node_post(id, "reinstall", Some(json!({"image": "rocky-9"})))
+        .await;
+    assert_eq!(s, 202, "{v}");
+    power_cycle_sent(&h).await;
+    // The cycle's answer is held at the gate: the node is still `reclaiming`.
+    assert_eq!(h.node(id).await["state"], "reclaiming");
+    let (s, script) = h.get_text(&format!("/boot/{mac}.ipxe")).await;
+    assert_eq!(s, 200, "{script}");
+    assert!(script.contains("kernel "), "{script}");
+    let n = h.node(id).await;
+    assert_eq!(n["state"], "installing", "{n:#}");
+    // The cycle's answer comes late and changes nothing.
+    gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let n = h.node(id).await;
+    assert_eq!(n["state"], "installing", "{n:#}");
+    let events: Vec<&str> = n["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert_eq!(
+        events.iter().filter(|e| **e == "installer_served").count(),
+        1,
+        "{events:?}"
+    );
+    assert!(events.contains(&"netboot_observed"), "{events:?}");
 }
 
 /// Issue 10, finding 8: a BMC that reads the one-time override back as `Continuous`
@@ -2259,4 +2282,20 @@ async fn reinstall_power_cycles_go_in_waves() {
             assert_eq!(last, want_sizes[want_sizes.len() - 1], "{notes:?}");
         }
     }
+}
+
+/// Waits until the power cycle reached the (recording) BMC.
+async fn power_cycle_sent(h: &Harness) {
+    until(
+        "the power cycle to reach the BMC",
+        Duration::from_secs(10),
+        async || {
+            h.bmc
+                .calls()
+                .iter()
+                .any(|c| c == "power_cycle")
+                .then_some(())
+        },
+    )
+    .await;
 }
