@@ -243,11 +243,7 @@ pub async fn boot_action_for(
 /// their reinstalls left to a deadline.
 async fn netboot_seen_by_script(st: &AppState, node: &NodeRow) -> bool {
     let sent = match st.store.bmc_intent(node.id).await {
-        Ok(i) => i.is_some_and(|i| {
-            i.step == crate::model::BmcStep::PowerCycle
-                && i.generation == node.generation
-                && i.attempt == node.attempt
-        }),
+        Ok(i) => i.is_some_and(|i| i.is_cycle_of(node.generation, node.attempt)),
         Err(e) => {
             tracing::warn!(node = node.id, error = %e, "reading the node's power cycle");
             false

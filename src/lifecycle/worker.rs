@@ -994,11 +994,11 @@ impl Lifecycle {
                 // A power cycle recorded as sent for this very attempt is checked, not
                 // repeated (`confirm_cycle`); setting netboot again would also leave a
                 // fresh override for the installed system's first reboot.
-                let cycle_sent = self.store.bmc_intent(row.id).await?.is_some_and(|i| {
-                    i.step == BmcStep::PowerCycle
-                        && i.generation == row.generation
-                        && i.attempt == row.attempt
-                });
+                let cycle_sent = self
+                    .store
+                    .bmc_intent(row.id)
+                    .await?
+                    .is_some_and(|i| i.is_cycle_of(row.generation, row.attempt));
                 let (generation, delay) = (row.generation, Duration::ZERO);
                 let step = if cycle_sent {
                     Effect::PowerCycle {

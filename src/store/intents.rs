@@ -25,6 +25,14 @@ pub struct BmcIntent {
     pub sent_at: String,
 }
 
+impl BmcIntent {
+    /// Whether this is the power cycle of reclaim attempt (`generation`, `attempt`):
+    /// once it is, a netboot from the node is the one that attempt waits for.
+    pub fn is_cycle_of(&self, generation: i64, attempt: i64) -> bool {
+        self.step == BmcStep::PowerCycle && self.generation == generation && self.attempt == attempt
+    }
+}
+
 impl Store {
     /// Records that `step` of reclaim attempt (`generation`, `attempt`) is about to be
     /// sent, in one transaction with the check that the node is still in `reclaiming`

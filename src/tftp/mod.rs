@@ -11,8 +11,9 @@
 //! never answers gets the first packet twice (not `retries` + 1 times), and until
 //! the client answers a transfer holds no thread and can be ended to make room for
 //! a newcomer (see `admission`). It still listens for a late first ACK as long as
-//! an answered transfer waits: firmware resends only that ACK, seconds later. Only regular files under the root are
-//! served, and opening one never waits (see `path`).
+//! an answered transfer waits: firmware resends only that ACK, seconds later. Only
+//! regular files under the root are served, and opening one never waits (see
+//! `path`).
 //!
 //! Written here rather than taken from async-tftp, which leaves dead transfers
 //! after such an ERROR and runs a second runtime.
