@@ -188,7 +188,7 @@ impl Store {
 
     /// Replaces the labels of a node (checked with [`check_label`] by the caller).
     pub async fn set_labels(&self, node_id: i64, labels: &Labels) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         sqlx::query!("DELETE FROM node_labels WHERE node_id = ?", node_id)
             .execute(&mut *tx)
             .await?;

@@ -90,7 +90,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let body = serde_json::to_string(inv).unwrap_or_else(|_| "{}".into());
         let at = now();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         sqlx::query!(
             "INSERT INTO node_inventory (node_id, generation, source, collected_at, took_ms, body)
              VALUES (?, ?, ?, ?, ?, ?)
@@ -187,7 +187,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let body = serde_json::to_string(v).unwrap_or_default();
         let (passed, drifted, at) = (v.passed(), v.drifted(), now());
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         sqlx::query!(
             "INSERT INTO node_hardware (node_id, profile, baseline_generation,
                  checked_generation, passed, drifted, verdict, checked_at)
@@ -239,7 +239,7 @@ impl Store {
         profile: Option<Option<&str>>,
         actor: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let keep = profile.is_none();
         let new_profile = profile.flatten();
         sqlx::query!(

@@ -40,7 +40,7 @@ impl Store {
         definition: &str,
     ) -> Result<(), StoreError> {
         let at = super::nodes::now();
-        sqlx::query!(
+        self.write_one(sqlx::query!(
             r#"INSERT INTO images (name, family, definition, imported_at) VALUES (?, ?, ?, ?)
                ON CONFLICT (name) DO UPDATE SET family = excluded.family,
                  definition = excluded.definition, imported_at = excluded.imported_at"#,
@@ -48,16 +48,15 @@ impl Store {
             family,
             definition,
             at
-        )
-        .execute(&self.pool)
+        ))
         .await?;
         Ok(())
     }
 
     /// Removes an image; false when there was none.
     pub async fn delete_image(&self, name: &str) -> Result<bool, StoreError> {
-        let r = sqlx::query!("DELETE FROM images WHERE name = ?", name)
-            .execute(&self.pool)
+        let r = self
+            .write_one(sqlx::query!("DELETE FROM images WHERE name = ?", name))
             .await?;
         Ok(r.rows_affected() == 1)
     }

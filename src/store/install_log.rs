@@ -89,7 +89,7 @@ impl Store {
         if writes.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let mut touched = std::collections::BTreeSet::new();
         for w in writes {
             sqlx::query!(
@@ -164,7 +164,7 @@ impl Store {
         actor: &str,
         detail: &str,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.write().await?;
         let seen = sqlx::query_scalar!(
             "SELECT COUNT(*) FROM node_events WHERE node_id = ? AND generation = ? AND event = ?",
             node_id,

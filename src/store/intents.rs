@@ -46,7 +46,7 @@ impl Store {
         step: BmcStep,
     ) -> Result<Claim, StoreError> {
         let attempt = i64::from(attempt);
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.write().await?;
         let current = sqlx::query!(
             r#"SELECT state AS "state: State", generation, attempt FROM nodes WHERE id = ?"#,
             node_id

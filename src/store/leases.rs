@@ -90,12 +90,12 @@ impl Store {
     /// Releases the lease of `ip` if its MAC is no node's; false when there is no such
     /// lease.
     pub async fn release_stale_lease(&self, ip: &str) -> Result<bool, StoreError> {
-        let r = sqlx::query!(
-            "DELETE FROM leases WHERE ip = ? AND mac NOT IN (SELECT mac FROM interfaces)",
-            ip
-        )
-        .execute(&self.pool)
-        .await?;
+        let r = self
+            .write_one(sqlx::query!(
+                "DELETE FROM leases WHERE ip = ? AND mac NOT IN (SELECT mac FROM interfaces)",
+                ip
+            ))
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 
@@ -106,10 +106,8 @@ impl Store {
     /// different rows and commute. Each kind is then one statement over a JSON array
     /// (`json_each`), not one statement per lease: sqlx runs SQLite on a worker thread,
     /// and every statement is a round trip to it, which at thousands of leases a second
-    /// cost more than the commit itself. A batch of one kind is a single statement and
-    /// so its own transaction.
+    /// cost more than the commit itself.
     pub async fn commit_leases(&self, writes: &[LeaseWrite]) -> Result<(), StoreError> {
-        let pool = &self.pool;
         let mut last: HashMap<Ipv4Addr, &LeaseWrite> = HashMap::with_capacity(writes.len());
         for w in writes {
             let ip = match w {
@@ -135,17 +133,17 @@ impl Store {
         }
         let upserts = (!upserts.is_empty()).then(|| json(&upserts));
         let deletes = (!deletes.is_empty()).then(|| json(&deletes));
-        match (upserts, deletes) {
-            (None, None) => {}
-            (Some(u), None) => upsert_json(pool, &u).await?,
-            (None, Some(d)) => delete_json(pool, &d).await?,
-            (Some(u), Some(d)) => {
-                let mut tx = pool.begin().await?;
-                delete_json(&mut *tx, &d).await?;
-                upsert_json(&mut *tx, &u).await?;
-                tx.commit().await?;
-            }
+        if upserts.is_none() && deletes.is_none() {
+            return Ok(());
         }
+        let mut tx = self.write().await?;
+        if let Some(d) = deletes {
+            delete_json(&mut *tx, &d).await?;
+        }
+        if let Some(u) = upserts {
+            upsert_json(&mut *tx, &u).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 }
@@ -202,17 +200,18 @@ async fn delete_json<'c>(
 impl Store {
     /// Deletes leases that expired at or before `now`; returns how many.
     pub async fn purge_expired_leases(&self, now: i64) -> Result<u64, StoreError> {
-        let pool = &self.pool;
-        let r = sqlx::query!("DELETE FROM leases WHERE expires_at <= ?", now)
-            .execute(pool)
+        let r = self
+            .write_one(sqlx::query!(
+                "DELETE FROM leases WHERE expires_at <= ?",
+                now
+            ))
             .await?;
         Ok(r.rows_affected())
     }
 
     /// Makes the `reservations` table equal to the configured reservations.
     pub async fn sync_reservations(&self, reservations: &[Reservation]) -> Result<(), StoreError> {
-        let pool = &self.pool;
-        let mut tx = pool.begin().await?;
+        let mut tx = self.write().await?;
         sqlx::query!("DELETE FROM reservations")
             .execute(&mut *tx)
             .await?;

@@ -13,6 +13,9 @@ pub mod nodes;
 pub mod secrets;
 pub mod stages;
 pub mod webhooks;
+mod writer;
+
+pub use writer::Write;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -80,6 +83,9 @@ pub struct StoreHealth {
     recycled: AtomicU64,
     /// Write probes that failed.
     probe_failures: AtomicU64,
+    /// Batches the writer committed, and the writes in them (group commit).
+    commits: AtomicU64,
+    writes: AtomicU64,
     /// The last probe: when, and its error if it failed.
     last_probe: Mutex<Option<(Instant, Option<String>)>>,
 }
@@ -99,6 +105,20 @@ impl Render for StoreHealth {
             "Write checks (readyz, healthz) the store failed",
             "counter",
             self.probe_failures.load(Ordering::Relaxed),
+        );
+        sample(
+            out,
+            "pxed_store_commits_total",
+            "Store commits (each one fsync); several writes share one when they queue",
+            "counter",
+            self.commits.load(Ordering::Relaxed),
+        );
+        sample(
+            out,
+            "pxed_store_writes_total",
+            "Store writes committed",
+            "counter",
+            self.writes.load(Ordering::Relaxed),
         );
         let writable = match &*self.last_probe.lock().expect("lock") {
             Some((_, None)) | None => 1,
@@ -120,6 +140,8 @@ pub struct Store {
     /// Private: every query lives in this module's files, so callers never see SQL
     /// and a second backend changes nothing outside `store`.
     pool: SqlitePool,
+    /// Every write goes through it (group commit); the pool's connections only read.
+    writer: Arc<writer::Writer>,
     health: Arc<StoreHealth>,
     /// Seals BMC passwords at rest.
     key: Arc<secrets::SecretKey>,
@@ -160,7 +182,7 @@ impl Store {
             .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_with(opts)
+            .connect_with(opts.clone())
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
         // Open the rest now that the file is in WAL mode (switching a new file to WAL
@@ -171,7 +193,13 @@ impl Store {
         }
         drop(held);
         let key = Arc::new(secrets::SecretKey::load(data_dir)?);
-        let store = Store { pool, health, key };
+        let writer = Arc::new(writer::Writer::open(opts, health.clone()).await?);
+        let store = Store {
+            pool,
+            writer,
+            health,
+            key,
+        };
         store.check(&file).await?;
         store.seal_plaintext_secrets().await?;
         Ok(store)
@@ -210,14 +238,18 @@ impl Store {
             };
         }
         let at = nodes::now();
-        let write = sqlx::query!(
-            "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-            at
-        )
-        .execute(&self.pool);
+        let write = async {
+            let mut w = self.write().await?;
+            sqlx::query!(
+                "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                at
+            )
+            .execute(&mut *w)
+            .await?;
+            w.commit().await
+        };
         let result = match tokio::time::timeout(PROBE_TIMEOUT, write).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::Db(e)),
+            Ok(r) => r,
             Err(_) => Err(StoreError::ProbeTimeout(PROBE_TIMEOUT)),
         };
         if result.is_err() {
@@ -230,6 +262,25 @@ impl Store {
         result
     }
 
+    /// Begins a write: every change to the database goes through one (see [`Write`]).
+    pub(crate) async fn write(&self) -> Result<Write, StoreError> {
+        self.writer.begin().await
+    }
+
+    /// Runs one statement as a write of its own.
+    pub(crate) async fn write_one<'q, A>(
+        &self,
+        q: sqlx::query::Query<'q, sqlx::Sqlite, A>,
+    ) -> Result<sqlx::sqlite::SqliteQueryResult, StoreError>
+    where
+        A: 'q + Send + sqlx::IntoArguments<sqlx::Sqlite>,
+    {
+        let mut w = self.write().await?;
+        let r = q.execute(&mut *w).await?;
+        w.commit().await?;
+        Ok(r)
+    }
+
     /// The store's health counters, for `/metrics`.
     pub fn health(&self) -> Arc<StoreHealth> {
         self.health.clone()
@@ -237,6 +288,7 @@ impl Store {
 
     /// Closes the pool (last step of shutdown).
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }

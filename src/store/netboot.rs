@@ -111,15 +111,14 @@ impl Store {
     /// Records what node `id`'s BMC says it is.
     pub async fn set_bmc_model(&self, id: i64, model: &str) -> Result<(), StoreError> {
         let at = now();
-        sqlx::query!(
+        self.write_one(sqlx::query!(
             "INSERT INTO bmc_models (node_id, model, seen_at) VALUES (?, ?, ?)
              ON CONFLICT (node_id) DO UPDATE SET model = excluded.model, seen_at = excluded.seen_at",
             id,
             model,
             at
-        )
-        .execute(&self.pool)
-        .await?;
+        ))
+.await?;
         Ok(())
     }
 
@@ -143,16 +142,15 @@ impl Store {
             return Ok(None);
         };
         let (m, at) = (method.as_str(), now());
-        sqlx::query!(
+        self.write_one(sqlx::query!(
             "INSERT INTO netboot_methods (model, method, successes, last_success) VALUES (?, ?, 1, ?)
              ON CONFLICT (model, method) DO UPDATE SET successes = successes + 1,
                last_success = excluded.last_success",
             model,
             m,
             at
-        )
-        .execute(&self.pool)
-        .await?;
+        ))
+.await?;
         Ok(Some(model))
     }
 

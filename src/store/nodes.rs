@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use sqlx::SqliteConnection;
 
 use super::{Store, StoreError};
 use crate::model::{AgentToken, Arch, BootToken, Driver, Mac, NodeArch, State, Step};
@@ -97,7 +97,7 @@ pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
 impl Store {
     /// Registers a node with its interfaces and BMC in one transaction.
     pub async fn create_node(&self, n: &NewNode, actor: &str) -> Result<i64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let t = now();
         let id = sqlx::query_scalar!(
             r#"INSERT INTO nodes (name, arch, state, state_since, created_at)
@@ -150,7 +150,7 @@ impl Store {
         keys: &[String],
         actor: &str,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let Some(row) = sqlx::query!(
             r#"SELECT state AS "state: State", generation FROM nodes WHERE id = ?"#,
             node_id
@@ -346,12 +346,11 @@ impl Store {
                 continue;
             }
             let s = self.key.seal(r.node_id, &r.password);
-            sqlx::query!(
+            self.write_one(sqlx::query!(
                 "UPDATE bmc_secrets SET password = ? WHERE node_id = ?",
                 s,
                 r.node_id
-            )
-            .execute(&self.pool)
+            ))
             .await?;
             sealed += 1;
         }
@@ -363,19 +362,18 @@ impl Store {
 
     /// Stores the TLS fingerprint pinned on first use.
     pub async fn pin_bmc_cert(&self, node_id: i64, pin: &str) -> Result<(), StoreError> {
-        sqlx::query!(
+        self.write_one(sqlx::query!(
             "UPDATE bmcs SET tls_pin = ? WHERE node_id = ?",
             pin,
             node_id
-        )
-        .execute(&self.pool)
+        ))
         .await?;
         Ok(())
     }
 
     /// Deletes a node (its interfaces, BMC and secrets go with it; the audit log stays).
     pub async fn delete_node(&self, id: i64, actor: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
             .fetch_optional(&mut *tx)
             .await?
@@ -432,14 +430,14 @@ impl Store {
 /// never both read a version and then race to write it): the lifecycle's only way into
 /// the store. Dropped without [`NodeTx::commit`], it rolls back.
 pub struct NodeTx {
-    pub(super) tx: Transaction<'static, Sqlite>,
+    pub(super) tx: super::Write,
 }
 
 impl Store {
     /// Starts a lifecycle write transaction.
     pub async fn begin_node_tx(&self) -> Result<NodeTx, StoreError> {
         Ok(NodeTx {
-            tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            tx: self.write().await?,
         })
     }
 }
@@ -526,7 +524,7 @@ impl NodeTx {
 
     /// Commits.
     pub async fn commit(self) -> Result<(), StoreError> {
-        Ok(self.tx.commit().await?)
+        self.tx.commit().await
     }
 }
 
@@ -676,12 +674,12 @@ async fn put_idempotent(
 
 /// Replaces a node's own SSH keys inside `tx`.
 async fn set_ssh_keys_tx(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteConnection,
     node_id: i64,
     keys: &[String],
 ) -> Result<(), StoreError> {
     sqlx::query!("DELETE FROM node_ssh_keys WHERE node_id = ?", node_id)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     for (position, key) in (0_i64..).zip(keys) {
         sqlx::query!(
@@ -690,14 +688,14 @@ async fn set_ssh_keys_tx(
             position,
             key
         )
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     }
     Ok(())
 }
 
 async fn set_bmc_tx(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut SqliteConnection,
     key: &super::secrets::SecretKey,
     node_id: i64,
     b: &BmcRow,
@@ -717,7 +715,7 @@ async fn set_bmc_tx(
         b.tls_pin,
         b.tls_insecure
     )
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     if let Some(p) = password {
         let p = key.seal(node_id, p);
@@ -727,7 +725,7 @@ async fn set_bmc_tx(
             node_id,
             p
         )
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     }
     Ok(())
@@ -741,7 +739,7 @@ impl Store {
         &self,
         seen: &[(Mac, Option<Arch>)],
     ) -> Result<Vec<(i64, Mac)>, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.write().await?;
         let mut created = Vec::new();
         let t = now();
         for (mac, arch) in seen {
@@ -839,9 +837,12 @@ impl Store {
 
     /// Records the architecture a node reported (DHCP option 93 or the agent).
     pub async fn set_arch(&self, id: i64, arch: Arch) -> Result<(), StoreError> {
-        sqlx::query!("UPDATE nodes SET arch = ? WHERE id = ?", arch, id)
-            .execute(&self.pool)
-            .await?;
+        self.write_one(sqlx::query!(
+            "UPDATE nodes SET arch = ? WHERE id = ?",
+            arch,
+            id
+        ))
+        .await?;
         Ok(())
     }
 }

@@ -65,7 +65,7 @@ impl Store {
         if writes.is_empty() {
             return Ok(new);
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let mut touched = std::collections::BTreeMap::new();
         for w in writes {
             let done = sqlx::query!(

@@ -76,7 +76,7 @@ impl Store {
     /// queued event (it gets changes from now on), a URL no longer configured loses its
     /// cursor (so it holds nothing back).
     pub async fn webhook_sync_cursors(&self, urls: &[&str]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.write().await?;
         let known = sqlx::query_scalar!("SELECT url FROM webhook_cursors")
             .fetch_all(&mut *tx)
             .await?;
@@ -123,12 +123,11 @@ impl Store {
 
     /// Marks every event up to `id` done for `url` (never moves a cursor back).
     pub async fn webhook_advance(&self, url: &str, id: i64) -> Result<(), StoreError> {
-        sqlx::query!(
+        self.write_one(sqlx::query!(
             "UPDATE webhook_cursors SET last_id = MAX(last_id, ?) WHERE url = ?",
             id,
             url
-        )
-        .execute(&self.pool)
+        ))
         .await?;
         Ok(())
     }
@@ -141,7 +140,7 @@ impl Store {
         targets: &[CursorTarget<'_>],
         cap: u32,
     ) -> Result<Pruned, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.write().await?;
         let mut cursors = Vec::with_capacity(targets.len());
         for t in targets {
             let c = sqlx::query_scalar!("SELECT last_id FROM webhook_cursors WHERE url = ?", t.url)
