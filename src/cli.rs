@@ -1,11 +1,16 @@
-//! Command line: `pxed serve`, `pxed check-config`, and the client subcommands.
+//! Command line: `pxed serve`, `pxed check-config`, `pxed migrate`, `pxed export`,
+//! `pxed import`, and the client subcommands.
 
 use std::process::ExitCode;
 
+use std::path::PathBuf;
+
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Flags};
+use crate::store::Store;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -40,9 +45,39 @@ enum Cmd {
     Profile(crate::client::ProfileCmd),
     /// Reinstalls over a period: count, p50/p95 duration, failures by stage, leftovers.
     Report(crate::client::ReportArgs),
+    /// Apply the database schema migrations and exit (`serve` applies them too).
+    #[command(after_help = ENV_HELP)]
+    Migrate(Flags),
+    /// Write the whole store as JSON: nodes, leases, audit log, BMC passwords (sealed).
+    #[command(after_help = ENV_HELP)]
+    Export(ExportArgs),
+    /// Load an export into an empty store (a new data dir; pxed not running on it).
+    #[command(after_help = ENV_HELP)]
+    Import(ImportArgs),
     /// The deploy agent, run on the node inside the deploy ramdisk.
     #[command(subcommand)]
     Agent(crate::agent::AgentCmd),
+}
+
+#[derive(clap::Args, Debug)]
+struct ExportArgs {
+    #[command(flatten)]
+    flags: Flags,
+    /// Write to this file (mode 0600) instead of standard output.
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ImportArgs {
+    #[command(flatten)]
+    flags: Flags,
+    /// The export (`-` for standard input).
+    file: PathBuf,
+    /// The exporting pxed's secret key file (its <data_dir>/secret-key), when this
+    /// data dir has another key: its BMC passwords are sealed anew under this one.
+    #[arg(long)]
+    secret_key: Option<PathBuf>,
 }
 
 fn init_tracing() {
@@ -92,6 +127,9 @@ pub fn main() -> ExitCode {
         Cmd::Report(a) => crate::client::run_report(a),
         Cmd::Profile(c) => crate::client::run_profile(c),
         Cmd::Agent(c) => crate::agent::run(c),
+        Cmd::Migrate(flags) => with_store(&flags, migrate),
+        Cmd::Export(a) => with_store(&a.flags, |store| export(store, a.out)),
+        Cmd::Import(a) => with_store(&a.flags, |store| import(store, a.file, a.secret_key)),
         Cmd::Serve(a) => {
             let cfg = match a.load() {
                 Ok(c) => c,
@@ -116,6 +154,104 @@ pub fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Opens the configured store, runs `job` on it and closes it.
+fn with_store<F, Fut>(flags: &Flags, job: F) -> ExitCode
+where
+    F: FnOnce(Store) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let cfg = match flags.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let run = async {
+        let store = Store::open(&cfg.data_dir).await?;
+        let result = job(store.clone()).await;
+        store.close().await;
+        result
+    };
+    let result = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn migrate(store: Store) -> anyhow::Result<()> {
+    eprintln!("schema version {}", store.schema_version().await?);
+    Ok(())
+}
+
+async fn export(store: Store, out: Option<PathBuf>) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let export = store.export().await?;
+    let summary = summary(&export.tables);
+    match &out {
+        Some(path) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            let mut w = std::io::BufWriter::new(file);
+            serde_json::to_writer(&mut w, &export)?;
+            w.flush()?;
+            w.into_inner()?.sync_all()?;
+        }
+        None => {
+            let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+            serde_json::to_writer(&mut w, &export)?;
+            writeln!(w)?;
+            w.flush()?;
+        }
+    }
+    eprintln!("exported schema {}: {summary}", export.schema);
+    Ok(())
+}
+
+async fn import(store: Store, file: PathBuf, secret_key: Option<PathBuf>) -> anyhow::Result<()> {
+    use crate::store::dump::Export;
+    let text = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?
+    };
+    let export: Export = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a pxed export", file.display()))?;
+    let key = secret_key
+        .map(|p| crate::store::secrets::SecretKey::read(&p))
+        .transpose()?;
+    let done = store.import(&export, key.as_ref()).await?;
+    let rows: usize = done.rows.values().sum();
+    eprintln!(
+        "imported {rows} rows of schema {}: {}; {} BMC passwords sealed under this data dir's key",
+        export.schema,
+        summary(&export.tables),
+        done.resealed
+    );
+    Ok(())
+}
+
+/// "2 nodes, 1 leases, 5 node_events" for the tables with rows.
+fn summary(tables: &std::collections::BTreeMap<String, crate::store::dump::Table>) -> String {
+    let parts: Vec<String> = ["nodes", "leases", "node_events", "bmc_secrets"]
+        .iter()
+        .map(|t| format!("{} {t}", tables.get(*t).map_or(0, |t| t.rows.len())))
+        .collect();
+    parts.join(", ")
 }
 
 /// Runs the daemon: SIGTERM and SIGINT drain and stop it; SIGHUP re-reads the

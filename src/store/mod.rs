@@ -3,6 +3,7 @@
 //! Queries are checked at compile time against the committed `.sqlx/` cache.
 
 pub mod board;
+pub mod dump;
 pub mod hardware;
 pub mod images;
 pub mod install_log;

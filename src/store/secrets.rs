@@ -55,6 +55,13 @@ impl SecretKey {
         if !path.exists() {
             write_new(&path)?;
         }
+        SecretKey::read(&path)
+    }
+
+    /// The key in `path` (64 hex digits), e.g. another pxed's, to re-seal its
+    /// passwords on import.
+    pub fn read(path: &Path) -> Result<SecretKey, SecretError> {
+        let path = path.to_owned();
         let text = std::fs::read_to_string(&path).map_err(|source| SecretError::KeyFile {
             path: path.clone(),
             source,
