@@ -228,13 +228,12 @@ mod tests {
             ssh_authorized_keys: vec![],
         };
         let id = store.create_node(&n, "test").await.unwrap();
-        sqlx::query(
+        store.write_one(sqlx::query(
             "UPDATE nodes SET state = 'installing', generation = 1, boot_token = ?, boot_ip = ? WHERE id = ?",
         )
         .bind(format!("boot-token-{mac}"))
         .bind(format!("10.0.0.{mac}"))
-        .bind(id)
-        .execute(&store.pool)
+        .bind(id))
         .await
         .unwrap();
         id
@@ -269,11 +268,10 @@ mod tests {
         );
         // The installer's own DHCP got another address from pxed: found by the lease
         // while it lasts.
-        sqlx::query(
+        store.write_one(sqlx::query(
             "INSERT INTO leases (ip, mac, state, expires_at) SELECT '10.0.0.6', mac, 'bound', 200 FROM interfaces WHERE node_id = ?",
         )
-        .bind(a)
-        .execute(&store.pool)
+        .bind(a))
         .await
         .unwrap();
         let t = store.log_target_by_ip("10.0.0.6", 100).await.unwrap();
@@ -286,9 +284,11 @@ mod tests {
                 .is_none()
         );
         // At rest (no boot token): nobody's installer.
-        sqlx::query("UPDATE nodes SET boot_token = NULL, state = 'available' WHERE id = ?")
-            .bind(a)
-            .execute(&store.pool)
+        store
+            .write_one(
+                sqlx::query("UPDATE nodes SET boot_token = NULL, state = 'available' WHERE id = ?")
+                    .bind(a),
+            )
             .await
             .unwrap();
         assert!(

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Connection, SqlitePool};
+use sqlx::{ConnectOptions, Connection, SqlitePool};
 
 use crate::metrics::{Render, sample};
 
@@ -166,6 +166,11 @@ impl Store {
         // deadlines under tokio's paused clock in tests.
         let health = Arc::new(StoreHealth::default());
         let h = health.clone();
+        // The writer's connection first: it creates the file, switches it to WAL and
+        // runs the migrations.
+        let mut first = opts.clone().connect().await?;
+        sqlx::migrate!("./migrations").run(&mut first).await?;
+        let writer = Arc::new(writer::Writer::new(first, opts.clone(), health.clone()));
         let pool = SqlitePoolOptions::new()
             .max_connections(POOL_SIZE)
             // A statement that failed inside a transaction (SQLITE_FULL at COMMIT, an
@@ -183,10 +188,11 @@ impl Store {
             .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_with(opts.clone())
+            // Readers only: a write that does not go through the writer fails at once
+            // instead of competing with it for SQLite's lock.
+            .connect_with(opts.clone().pragma("query_only", "ON"))
             .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        // Open the rest now that the file is in WAL mode (switching a new file to WAL
+        // Open them all now that the file is in WAL mode (switching a new file to WAL
         // from several connections at once can fail with "database is locked").
         let mut held = Vec::new();
         for _ in 0..POOL_SIZE {
@@ -194,7 +200,6 @@ impl Store {
         }
         drop(held);
         let key = Arc::new(secrets::SecretKey::load(data_dir)?);
-        let writer = Arc::new(writer::Writer::open(opts, health.clone()).await?);
         let store = Store {
             pool,
             writer,
@@ -382,8 +387,8 @@ mod tests {
             Some("s3cret-pw")
         );
         // A plaintext row from before: sealed on the next open, still readable.
-        sqlx::query("UPDATE bmc_secrets SET password = 'old-plain'")
-            .execute(&store.pool)
+        store
+            .write_one(sqlx::query("UPDATE bmc_secrets SET password = 'old-plain'"))
             .await
             .unwrap();
         store.close().await;

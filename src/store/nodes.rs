@@ -582,13 +582,14 @@ impl Store {
         actor: &str,
         detail: &str,
     ) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut w = self.write().await?;
         let e = Audit {
             from: Some(state),
             detail: Some(detail),
             ..Audit::new(node_id, generation, event, state, actor)
         };
-        append_event(&mut conn, &e).await
+        append_event(&mut w, &e).await?;
+        w.commit().await
     }
 }
 

@@ -59,12 +59,12 @@ struct Slot {
 }
 
 impl Writer {
-    pub(super) async fn open(
+    pub(super) fn new(
+        conn: SqliteConnection,
         opts: SqliteConnectOptions,
         health: Arc<StoreHealth>,
-    ) -> Result<Writer, StoreError> {
-        let conn = opts.connect().await?;
-        Ok(Writer {
+    ) -> Writer {
+        Writer {
             slot: Arc::new(Mutex::new(Slot {
                 conn: Some(conn),
                 ..Slot::default()
@@ -72,7 +72,7 @@ impl Writer {
             pending: AtomicUsize::new(0),
             opts,
             health,
-        })
+        }
     }
 
     /// Begins one write (waits for its turn).

@@ -373,3 +373,109 @@ fn bmc_check_errors_are_the_servers_reasons() {
     assert!(!ok && err.contains("401"), "{err}");
     assert!(!format!("{err}{}", d.log_text()).contains("bmc-secret-pw"));
 }
+
+/// `pxed export` while the daemon serves, `pxed import` into a new data dir (refused
+/// without the old key, then re-sealed with it), and a daemon on the new dir that has
+/// the nodes, their audit log and a BMC password that still opens.
+#[test]
+fn export_while_serving_and_import_into_a_new_data_dir() {
+    let d = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PXED_API_TOKEN", "tok")],
+    );
+    // A port nothing listens on: a BMC check gets "unreachable" only after its
+    // password opened.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let bmc = format!("http://{gone}");
+    for (mac, name) in [
+        ("52:54:00:00:30:01", "r2-u1"),
+        ("52:54:00:00:30:02", "r2-u2"),
+    ] {
+        let (ok, out, err) = pxed(
+            &d,
+            &[
+                "node",
+                "add",
+                "--mac",
+                mac,
+                "--name",
+                name,
+                "--bmc-driver",
+                "redfish",
+                "--bmc-address",
+                &bmc,
+                "--bmc-user",
+                "root",
+            ],
+            "tok",
+        );
+        assert!(ok, "{out}{err}");
+    }
+    let old = d.data_dir();
+    let new = tempfile::tempdir().unwrap();
+    let file = new.path().join("pxed.json");
+    let cli = |args: &[&str]| {
+        run(Command::new(pxed_bin())
+            .current_dir(repo())
+            .args(args)
+            .env_remove("PXED_API_TOKEN"))
+    };
+    let (ok, _, err) = cli(&[
+        "export",
+        "--data-dir",
+        old.to_str().unwrap(),
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("2 nodes"), "{err}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains("bmc-secret-pw"), "a BMC password in clear");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let target = new.path().join("data");
+    let (t, f) = (target.to_str().unwrap(), file.to_str().unwrap());
+    let (ok, _, err) = cli(&["import", "--data-dir", t, f]);
+    assert!(!ok && err.contains("--secret-key"), "{err}");
+    let key = old.join("secret-key");
+    let (ok, _, err) = cli(&[
+        "import",
+        "--data-dir",
+        t,
+        "--secret-key",
+        key.to_str().unwrap(),
+        f,
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("2 BMC passwords sealed"), "{err}");
+    let (ok, _, err) = cli(&[
+        "import",
+        "--data-dir",
+        t,
+        "--secret-key",
+        key.to_str().unwrap(),
+        f,
+    ]);
+    assert!(!ok && err.contains("import needs an empty store"), "{err}");
+
+    // A second daemon on the imported dir (the first keeps serving the old one).
+    let e = Daemon::start_in(
+        new,
+        &[],
+        &[("PXED_API_TOKEN", "tok"), ("PXED_BMC__RETRIES", "0")],
+    );
+    let (ok, out, _) = pxed(&e, &["node", "show", "r2-u2", "--json"], "tok");
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["bmc"]["username"], "root");
+    assert_eq!(v["events"][0]["event"], "registered");
+    // The password opens under the new key: the check gets as far as the network.
+    let (ok, _, err) = pxed(&e, &["bmc", "check", "r2-u2"], "tok");
+    assert!(!ok && err.contains("502: unreachable"), "{err}");
+}
