@@ -107,8 +107,10 @@ impl Writer {
             s.batch = Some(watch::Sender::new(None));
             s.jobs = 0;
         }
-        sqlx::query("SAVEPOINT w").execute(&mut *conn).await?;
+        // Marked first: a caller cancelled while SAVEPOINT is in flight leaves it to
+        // the next write to undo.
         s.dirty = true;
+        sqlx::query("SAVEPOINT w").execute(&mut *conn).await?;
         w.slot = Some(slot);
         Ok(w)
     }
@@ -128,8 +130,10 @@ impl Writer {
             Err(e) => Err(e),
         };
         if let Err(e) = released {
-            // SQLite rolled the whole batch back itself (an I/O error, a full disk):
-            // its COMMIT will fail and tell every write in it.
+            // No such savepoint: it was never opened or already released (a caller
+            // cancelled mid-statement), or SQLite rolled the whole batch back itself
+            // (an I/O error, a full disk), and then its COMMIT fails and tells every
+            // write in it.
             tracing::warn!(error = %e, "could not roll back a dropped store write");
         }
     }
@@ -214,7 +218,15 @@ impl Write {
         self.counted = false;
         let left = self.writer.pending.fetch_sub(1, Ordering::SeqCst) - 1;
         if left == 0 || slot.jobs >= MAX_BATCH {
-            return self.writer.finish(&mut slot).await;
+            // The COMMIT runs to its end even if this caller goes away (a client that
+            // hung up): the batch's other writes wait on its outcome.
+            let writer = self.writer.clone();
+            let commit = tokio::spawn(async move { writer.finish(&mut slot).await });
+            return commit.await.unwrap_or_else(|e| {
+                Err(StoreError::Db(sqlx::Error::Protocol(format!(
+                    "the commit task ended: {e}"
+                ))))
+            });
         }
         let mut done = slot.batch.as_ref().expect("open batch").subscribe();
         drop(slot);
@@ -311,6 +323,18 @@ mod tests {
         use std::sync::atomic::Ordering::Relaxed;
         let h = &store.health;
         (h.commits.load(Relaxed), h.writes.load(Relaxed))
+    }
+
+    /// The pool only reads: a write that goes around the writer fails at once.
+    #[tokio::test]
+    async fn the_pool_refuses_writes() {
+        let (_dir, store) = store().await;
+        let e = sqlx::query("INSERT INTO t (k) VALUES (1)")
+            .execute(&store.pool)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("readonly"), "{e}");
+        assert!(keys(&store).await.is_empty());
     }
 
     /// Writes that queue up share a commit, and each is durable (visible to the

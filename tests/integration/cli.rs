@@ -13,13 +13,16 @@ fn pxed(d: &Daemon, args: &[&str], token: &str) -> (bool, String, String) {
         .env("PXED_BMC_PASSWORD", "bmc-secret-pw"))
 }
 
+/// A daemon on `dir` whose API token is `tok`, with `env` added.
+fn daemon_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Daemon {
+    let mut all = vec![("PXED_API_TOKEN", "tok")];
+    all.extend_from_slice(env);
+    Daemon::start_in(dir, &[], &all)
+}
+
 #[test]
 fn node_commands_tables_and_json() {
-    let d = Daemon::start_in(
-        tempfile::tempdir().unwrap(),
-        &[],
-        &[("PXED_API_TOKEN", "tok")],
-    );
+    let d = daemon_in(tempfile::tempdir().unwrap(), &[]);
     let (ok, out, err) = pxed(
         &d,
         &[
@@ -228,11 +231,7 @@ fn a_reinstall_is_refused_while_the_mirror_lacks_a_file() {
         .arg(&data)
         .env("PXED_MIRROR_BASE", &base));
     assert!(ok, "{out}{err}");
-    let d = Daemon::start_in(
-        dir,
-        &[],
-        &[("PXED_API_TOKEN", "tok"), ("PXED_MIRROR_BASE", &base)],
-    );
+    let d = daemon_in(dir, &[("PXED_MIRROR_BASE", &base)]);
     let (ok, out, err) = pxed(
         &d,
         &[
@@ -318,11 +317,7 @@ fn client_variables_never_stop_the_server() {
 /// node without a BMC, a BMC nothing answers at (with its typed kind), a wrong token.
 #[test]
 fn bmc_check_errors_are_the_servers_reasons() {
-    let d = Daemon::start_in(
-        tempfile::tempdir().unwrap(),
-        &[],
-        &[("PXED_API_TOKEN", "tok"), ("PXED_BMC__RETRIES", "0")],
-    );
+    let d = daemon_in(tempfile::tempdir().unwrap(), &[("PXED_BMC__RETRIES", "0")]);
     let silent = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -379,11 +374,7 @@ fn bmc_check_errors_are_the_servers_reasons() {
 /// the nodes, their audit log and a BMC password that still opens.
 #[test]
 fn export_while_serving_and_import_into_a_new_data_dir() {
-    let d = Daemon::start_in(
-        tempfile::tempdir().unwrap(),
-        &[],
-        &[("PXED_API_TOKEN", "tok")],
-    );
+    let d = daemon_in(tempfile::tempdir().unwrap(), &[]);
     // A port nothing listens on: a BMC check gets "unreachable" only after its
     // password opened.
     let gone = std::net::TcpListener::bind("127.0.0.1:0")
@@ -465,11 +456,7 @@ fn export_while_serving_and_import_into_a_new_data_dir() {
     assert!(!ok && err.contains("import needs an empty store"), "{err}");
 
     // A second daemon on the imported dir (the first keeps serving the old one).
-    let e = Daemon::start_in(
-        new,
-        &[],
-        &[("PXED_API_TOKEN", "tok"), ("PXED_BMC__RETRIES", "0")],
-    );
+    let e = daemon_in(new, &[("PXED_BMC__RETRIES", "0")]);
     let (ok, out, _) = pxed(&e, &["node", "show", "r2-u2", "--json"], "tok");
     assert!(ok, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
