@@ -186,6 +186,10 @@ const CLEAR_OVERRIDE: &str = "clear_override";
 /// How long an event the store could not take is retried (see `apply_logged`).
 pub const STORE_RETRY_FOR: Duration = Duration::from_secs(300);
 
+/// Lifecycle changes buffered for each subscriber (the stage recorder, the status
+/// page's live stream); a change is about a hundred bytes.
+const CHANGES_BUFFERED: usize = 4096;
+
 /// The lifecycle service: one per daemon.
 pub struct Lifecycle {
     pub store: Store,
@@ -255,7 +259,10 @@ impl Lifecycle {
             deadlines: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             cancel,
-            changes: tokio::sync::broadcast::channel(256).0,
+            // Room for several seconds of a boot storm's changes (about 500 a second
+            // at 5,000 nodes) while a subscriber awaits a store write: the stage
+            // recorder lagged behind 256 and lost sightings.
+            changes: tokio::sync::broadcast::channel(CHANGES_BUFFERED).0,
             bmc_failures: CounterFamily::new(
                 "pxed_bmc_failures_total",
                 "Failed BMC steps (every attempt) by driver, step and error kind",
