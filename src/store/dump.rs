@@ -106,22 +106,15 @@ pub struct Imported {
 impl Store {
     /// The schema version: the last migration applied.
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations WHERE success",
-        )
-        .fetch_one(&self.pool)
-        .await?)
+        let mut conn = self.pool.acquire().await?;
+        Ok(schema_version(&mut conn).await?)
     }
 
     /// The whole store, read in one transaction (a consistent snapshot while pxed
     /// serves: WAL readers do not stop writers).
     pub async fn export(&self) -> Result<Export, DumpError> {
         let mut tx = self.pool.begin().await?;
-        let schema: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations WHERE success",
-        )
-        .fetch_one(&mut *tx)
-        .await?;
+        let schema = schema_version(&mut tx).await?;
         let mut tables = BTreeMap::new();
         for name in table_names(&mut tx).await? {
             let columns = columns(&mut tx, &name).await?;
@@ -257,6 +250,13 @@ impl Store {
         }
         Ok(resealed)
     }
+}
+
+/// The last migration applied.
+async fn schema_version(conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations WHERE success")
+        .fetch_one(conn)
+        .await
 }
 
 /// The tables to export, by name.

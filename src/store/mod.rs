@@ -79,8 +79,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// What the store knows about its own health.
 #[derive(Debug, Default)]
 pub struct StoreHealth {
-    /// Connections closed on release because a failed statement (disk full, I/O
-    /// error) left them inside a transaction; the pool opens fresh ones.
+    /// Connections closed because a failed statement (disk full, I/O error) left them
+    /// inside a transaction: the writer's after a failed COMMIT, a reader's on
+    /// release; fresh ones are opened.
     recycled: AtomicU64,
     /// Write probes that failed.
     probe_failures: AtomicU64,
@@ -244,18 +245,12 @@ impl Store {
             };
         }
         let at = nodes::now();
-        let write = async {
-            let mut w = self.write().await?;
-            sqlx::query!(
-                "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-                at
-            )
-            .execute(&mut *w)
-            .await?;
-            w.commit().await
-        };
+        let write = self.write_one(sqlx::query!(
+            "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+            at
+        ));
         let result = match tokio::time::timeout(PROBE_TIMEOUT, write).await {
-            Ok(r) => r,
+            Ok(r) => r.map(drop),
             Err(_) => Err(StoreError::ProbeTimeout(PROBE_TIMEOUT)),
         };
         if result.is_err() {

@@ -156,6 +156,7 @@ impl Writer {
                 let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
                 // A fresh connection for the next write: this one may be left inside
                 // a transaction no statement can end.
+                self.health.recycled.fetch_add(1, Ordering::Relaxed);
                 if let Some(c) = slot.conn.take() {
                     let _ = c.close().await;
                 }
