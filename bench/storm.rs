@@ -179,8 +179,8 @@ struct Timeline {
 struct Sim {
     args: Args,
     t0: Mutex<Option<Instant>>,
-    /// The server's CPU seconds at t0.
-    cpu0: Mutex<f64>,
+    /// CPU seconds (server, simulator, whole machine) at t0.
+    cpu0: Mutex<Cpu>,
     counters: Counters,
     timelines: Vec<Mutex<Timeline>>,
     /// DHCP replies by xid.
@@ -1001,6 +1001,47 @@ fn proc_sample(pid: u32) -> Option<(f64, f64)> {
     Some((ticks / 100.0, rss_kb / 1024.0))
 }
 
+/// CPU seconds used so far by the server, by this simulator and by the whole machine
+/// (busy time of all cores, from /proc/stat).
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    server: f64,
+    sim: f64,
+    machine: f64,
+}
+
+impl Cpu {
+    fn now(server: &[u32]) -> Cpu {
+        let busy = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| {
+                let l = s.lines().next()?.to_string();
+                let f: Vec<f64> = l
+                    .split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                // user nice system idle iowait irq softirq steal
+                let idle = f.get(3)? + f.get(4)?;
+                Some((f.iter().take(8).sum::<f64>() - idle) / 100.0)
+            })
+            .unwrap_or(f64::NAN);
+        Cpu {
+            server: proc_total(server).0,
+            sim: proc_sample(std::process::id()).map_or(f64::NAN, |s| s.0),
+            machine: busy,
+        }
+    }
+
+    fn since(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            server: self.server - earlier.server,
+            sim: self.sim - earlier.sim,
+            machine: self.machine - earlier.machine,
+        }
+    }
+}
+
 fn proc_total(pids: &[u32]) -> (f64, f64) {
     pids.iter()
         .filter_map(|p| proc_sample(*p))
@@ -1080,7 +1121,7 @@ async fn main() -> Result<()> {
     let sim = Arc::new(Sim {
         args: args.clone(),
         t0: Mutex::new(None),
-        cpu0: Mutex::new(0.0),
+        cpu0: Mutex::new(Cpu::default()),
         counters: Counters::default(),
         timelines: (0..n).map(|_| Mutex::new(Timeline::default())).collect(),
         waiters: Mutex::new(HashMap::new()),
@@ -1218,7 +1259,7 @@ async fn main() -> Result<()> {
         }
         let t0 = Instant::now();
         *sim.t0.lock().unwrap() = Some(t0);
-        *sim.cpu0.lock().unwrap() = proc_total(&args.server_pid).0;
+        *sim.cpu0.lock().unwrap() = Cpu::now(&args.server_pid);
         let ids = ids.lock().unwrap().clone();
         let a = args.clone();
         let img = args.image.clone();
@@ -1244,7 +1285,7 @@ async fn main() -> Result<()> {
         );
     } else {
         *sim.t0.lock().unwrap() = Some(Instant::now());
-        *sim.cpu0.lock().unwrap() = proc_total(&args.server_pid).0;
+        *sim.cpu0.lock().unwrap() = Cpu::now(&args.server_pid);
         for (i, rx) in rxs.into_iter().enumerate() {
             tokio::spawn(sim.clone().node(i, rx));
         }
@@ -1257,7 +1298,7 @@ async fn main() -> Result<()> {
             .await
             .is_ok();
     let wall = t0.elapsed().as_secs_f64();
-    let (cpu1, _) = proc_total(&args.server_pid);
+    let cpu1 = Cpu::now(&args.server_pid);
 
     // ---- report
     let tls: Vec<Timeline> = sim
@@ -1409,8 +1450,8 @@ async fn main() -> Result<()> {
         "bytes: HTTP {:.2} GB, TFTP {:.1} MB; server CPU {:.1} s over the storm ({:.0}% of one core)",
         http_bytes as f64 / 1e9,
         tftp_bytes as f64 / 1e6,
-        cpu1 - cpu0,
-        100.0 * (cpu1 - cpu0) / wall
+        cpu1.server - cpu0.server,
+        100.0 * (cpu1.server - cpu0.server) / wall
     );
     {
         let s = samples.lock().unwrap();
@@ -1437,6 +1478,7 @@ async fn main() -> Result<()> {
     let pairs = args.floor_pairs;
     let fetched = Arc::new(AtomicU64::new(0));
     let tf = Instant::now();
+    let fcpu0 = Cpu::now(&args.server_pid);
     {
         let a = args.clone();
         let fetched = fetched.clone();
@@ -1458,6 +1500,7 @@ async fn main() -> Result<()> {
         .await?;
     }
     let ft = tf.elapsed().as_secs_f64();
+    let fcpu = Cpu::now(&args.server_pid).since(fcpu0);
     let rate = fetched.load(Ordering::Relaxed) as f64 / ft;
     let floor = (http_bytes + tftp_bytes) as f64 / rate;
     println!(
@@ -1471,6 +1514,43 @@ async fn main() -> Result<()> {
         floor,
         last_done,
         last_done / floor
+    );
+    // Where the time went: the storm's CPU (server + simulator) against what its bytes
+    // cost at the floor's CPU per GB. On a machine whose cores are all busy, the work
+    // besides the bytes (DHCP, TFTP, scripts, callbacks, BMC calls, the simulator's
+    // side of all of them) is what stands between the storm and its floor.
+    let scpu = cpu1.since(cpu0);
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
+    let gb = |b: f64| b / 1e9;
+    let fgb = gb(fetched.load(Ordering::Relaxed) as f64);
+    let sgb = gb((http_bytes + tftp_bytes) as f64);
+    let per_gb = (fcpu.server + fcpu.sim) / fgb;
+    let other = scpu.server + scpu.sim - per_gb * sgb;
+    println!(
+        "cpu: storm {:.1} s wall, server {:.1} s + simulator {:.1} s, machine {:.0}% of {} cores busy",
+        wall,
+        scpu.server,
+        scpu.sim,
+        100.0 * scpu.machine / (wall * cores),
+        cores
+    );
+    println!(
+        "cpu: floor {:.1} s wall for {:.1} GB, server {:.1} s + simulator {:.1} s ({:.2} CPU-s per GB), machine {:.0}% busy",
+        ft,
+        fgb,
+        fcpu.server,
+        fcpu.sim,
+        per_gb,
+        100.0 * fcpu.machine / (ft * cores)
+    );
+    println!(
+        "cpu: the storm's {:.1} GB at that cost = {:.1} CPU-s; everything else = {:.1} CPU-s ({:.1} ms per node), {:.1} s of the {} cores",
+        sgb,
+        per_gb * sgb,
+        other,
+        1000.0 * other / n as f64,
+        other / cores,
+        cores
     );
     println!(
         "RESULT mode={} nodes={} ok={} failed={} last={:.1} floor={:.1} ratio={:.2}",
