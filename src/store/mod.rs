@@ -153,7 +153,14 @@ impl Store {
     /// Opens (creating if needed) `pxed.sqlite` under `data_dir` and runs migrations.
     pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
         let file = data_dir.join("pxed.sqlite");
-        prepare_files(data_dir, &file)?;
+        create_data_dir(data_dir)?;
+        check_writable(data_dir, &file)?;
+        // Held until the store is ready: another process opening this data dir at
+        // the same moment (a second daemon, `pxed migrate` beside a start) waits
+        // rather than meeting a file still being created, a half-run migration or a
+        // key file still being written.
+        let setup = setup_lock(data_dir).await?;
+        prepare_file(data_dir, &file)?;
         let url = format!("sqlite://{}", file.display());
         let opts = SqliteConnectOptions::from_str(&url)?
             .create_if_missing(true)
@@ -209,6 +216,7 @@ impl Store {
         };
         store.check(&file).await?;
         store.seal_plaintext_secrets().await?;
+        drop(setup);
         Ok(store)
     }
 
@@ -298,19 +306,45 @@ impl Store {
 /// the inventory holds BMC credentials. A file that exists but is empty is refused:
 /// SQLite would take it for a new database and pxed would start with no inventory
 /// and no leases (and, in full DHCP mode, hand out addresses that are in use).
-fn prepare_files(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+fn create_data_dir(data_dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if data_dir.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(data_dir)
+        .map_err(|source| StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        })
+}
+
+/// The data dir's set-up lock (`flock` on `setup.lock`), released when the returned
+/// file is dropped or the process dies.
+async fn setup_lock(data_dir: &Path) -> Result<std::fs::File, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("setup.lock");
     let io = |source| StoreError::DataDir {
-        path: data_dir.to_owned(),
+        path: path.clone(),
         source,
     };
-    if !data_dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(data_dir)
-            .map_err(io)?;
-    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    tokio::task::spawn_blocking(move || f.lock().map(|()| f))
+        .await
+        .map_err(|e| io(std::io::Error::other(e)))?
+        .map_err(io)
+}
+
+/// The data dir and the database file (if it exists) must be writable.
+fn check_writable(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
     // The directory too: SQLite creates the -wal and -shm files beside the database.
     for p in [data_dir, file] {
         if p.exists() {
@@ -322,6 +356,16 @@ fn prepare_files(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
             })?;
         }
     }
+    Ok(())
+}
+
+/// Refuses an empty database file; creates a missing one (mode 0600).
+fn prepare_file(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| StoreError::DataDir {
+        path: data_dir.to_owned(),
+        source,
+    };
     match std::fs::metadata(file) {
         Ok(m) if m.len() == 0 => Err(StoreError::EmptyFile {
             path: file.to_owned(),
@@ -344,6 +388,34 @@ fn prepare_files(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// Processes that open one new data dir at once (two daemons starting, `pxed
+    /// migrate` beside a start) all get the same migrated store and the same key:
+    /// none finds a half-created file, a half-run migration or a key file being
+    /// written.
+    #[tokio::test]
+    async fn several_opens_of_a_new_data_dir_at_once_all_succeed() {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let data = dir.path().join("data");
+            // One task: sqlx's migrator is not `Send`; the opens still overlap, each
+            // on its own SQLite threads.
+            let opens = (0..4).map(|_| Store::open(&data));
+            let stores: Vec<Store> = futures::future::join_all(opens)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            let sealed = stores[0].key.seal(1, "pw");
+            for s in &stores {
+                assert_eq!(s.key.open(1, &sealed).unwrap(), "pw");
+                assert_eq!(
+                    s.schema_version().await.unwrap(),
+                    stores[0].schema_version().await.unwrap()
+                );
+            }
+        }
+    }
 
     /// BMC passwords are sealed in the database, open through the store, and rows
     /// stored in plain text by an older pxed are sealed on the next start.

@@ -466,3 +466,41 @@ fn export_while_serving_and_import_into_a_new_data_dir() {
     let (ok, _, err) = pxed(&e, &["bmc", "check", "r2-u2"], "tok");
     assert!(!ok && err.contains("502: unreachable"), "{err}");
 }
+
+/// `pxed migrate` run by several processes at once on a new data dir (instances
+/// starting together, a migrate beside a start): each one exits 0 with the same
+/// schema version, and a daemon then serves from the result.
+#[test]
+fn migrate_from_several_processes_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(pxed_bin())
+                .args(["migrate", "--data-dir"])
+                .arg(&data)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<String> = children
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert!(o.status.success(), "pxed migrate failed: {text}");
+            text
+        })
+        .collect();
+    assert!(outs[0].starts_with("schema version "), "{}", outs[0]);
+    assert!(outs.iter().all(|o| *o == outs[0]), "{outs:?}");
+    let d = daemon_in(dir, &[]);
+    let (ok, out, err) = pxed(&d, &["node", "list"], "tok");
+    assert!(ok, "{out}{err}");
+}
