@@ -381,6 +381,10 @@ async fn healthz(State(st): State<Arc<AppState>>) -> Response {
         Ok(()) => body.push_str("store: writable\n"),
         Err(e) => body.push_str(&format!("store: not writable: {e}\n")),
     }
+    match st.store.describe().await {
+        Ok(d) => body.push_str(&format!("database: {d}\n")),
+        Err(e) => body.push_str(&format!("database: unreadable: {e}\n")),
+    }
     body.push_str(&format!(
         "listeners: http {}, tftp {}, dhcp {:?}\n",
         st.cfg.http, st.cfg.tftp, st.cfg.dhcp.mode

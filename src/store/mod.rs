@@ -147,6 +147,8 @@ pub struct Store {
     health: Arc<StoreHealth>,
     /// Seals BMC passwords at rest.
     key: Arc<secrets::SecretKey>,
+    /// The database file.
+    file: Arc<std::path::PathBuf>,
 }
 
 impl Store {
@@ -213,11 +215,22 @@ impl Store {
             writer,
             health,
             key,
+            file: Arc::new(file.clone()),
         };
         store.check(&file).await?;
         store.seal_plaintext_secrets().await?;
         drop(setup);
         Ok(store)
+    }
+
+    /// Which database this is and its role, for `/healthz`: with SQLite, one local
+    /// file that is its own primary (no replica to reach).
+    pub async fn describe(&self) -> Result<String, StoreError> {
+        Ok(format!(
+            "sqlite {}, primary (one local file, no replica), schema version {}",
+            self.file.display(),
+            self.schema_version().await?
+        ))
     }
 
     /// Start-up checks: the file passes SQLite's quick integrity check and takes a

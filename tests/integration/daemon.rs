@@ -19,6 +19,19 @@ fn healthz_and_boot_script() {
     let d = Daemon::start(&[]);
     let (ok, body, _) = curl(&[&d.url("/healthz")]);
     assert!(ok && body.starts_with("ok\nstore: writable\n"), "{body}");
+    let db = body
+        .lines()
+        .find(|l| l.starts_with("database: "))
+        .unwrap_or("");
+    assert!(
+        db.starts_with("database: sqlite /") && db.contains("pxed.sqlite, primary"),
+        "{body}"
+    );
+    let schema: i64 = db.rsplit(' ').next().unwrap().parse().unwrap();
+    let migrations = std::fs::read_dir(crate::common::repo().join("migrations"))
+        .unwrap()
+        .count();
+    assert_eq!(schema, i64::try_from(migrations).unwrap(), "{body}");
     let (ok, body, _) = curl(&["-f", &d.url("/readyz")]);
     assert!(ok && body == "ready\n", "{body}");
     let (ok, body, _) = curl(&["-f", &d.url("/boot/52:54:00:12:34:56.ipxe")]);
