@@ -315,10 +315,8 @@ impl Store {
     }
 }
 
-/// Creates the data dir (0700) and an empty database file (0600) whatever the umask:
-/// the inventory holds BMC credentials. A file that exists but is empty is refused:
-/// SQLite would take it for a new database and pxed would start with no inventory
-/// and no leases (and, in full DHCP mode, hand out addresses that are in use).
+/// Creates the data dir (0700 whatever the umask: the inventory holds BMC
+/// credentials).
 fn create_data_dir(data_dir: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::DirBuilderExt;
     if data_dir.exists() {
@@ -372,7 +370,10 @@ fn check_writable(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Refuses an empty database file; creates a missing one (mode 0600).
+/// Creates a missing database file (0600 whatever the umask). A file that exists but
+/// is empty is refused: SQLite would take it for a new database and pxed would start
+/// with no inventory and no leases (and, in full DHCP mode, hand out addresses that
+/// are in use).
 fn prepare_file(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |source| StoreError::DataDir {
