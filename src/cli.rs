@@ -82,7 +82,10 @@ struct ImportArgs {
 
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("PXED_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // PostgreSQL's notices (e.g. "relation _sqlx_migrations already exists, skipping"
+    // when several instances migrate at once) are not news to an operator.
+    let filter = EnvFilter::try_from_env("PXED_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx::postgres::notice=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -127,7 +130,7 @@ pub fn main() -> ExitCode {
         Cmd::Report(a) => crate::client::run_report(a),
         Cmd::Profile(c) => crate::client::run_profile(c),
         Cmd::Agent(c) => crate::agent::run(c),
-        Cmd::Migrate(flags) => with_store(&flags, migrate),
+        Cmd::Migrate(flags) => with_config(&flags, migrate),
         Cmd::Export(a) => with_store(&a.flags, |store| export(store, a.out)),
         Cmd::Import(a) => with_store(&a.flags, |store| import(store, a.file, a.secret_key)),
         Cmd::Serve(a) => {
@@ -156,10 +159,31 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// What a command that needs the SQLite store says when `database_url` names PostgreSQL.
+const SQLITE_ONLY: &str = "the PostgreSQL store takes `pxed migrate` so far; serving, export and \
+     import work on the SQLite store in data_dir (unset database_url / PXED_DATABASE_URL)";
+
 /// Opens the configured store, runs `job` on it and closes it.
 fn with_store<F, Fut>(flags: &Flags, job: F) -> ExitCode
 where
     F: FnOnce(Store) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    with_config(flags, |cfg| async move {
+        if cfg.database_url.is_some() {
+            anyhow::bail!(SQLITE_ONLY);
+        }
+        let store = Store::open(&cfg.data_dir).await?;
+        let result = job(store.clone()).await;
+        store.close().await;
+        result
+    })
+}
+
+/// Loads the configuration and runs `job` with it on a new runtime.
+fn with_config<F, Fut>(flags: &Flags, job: F) -> ExitCode
+where
+    F: FnOnce(config::Config) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let cfg = match flags.load() {
@@ -169,12 +193,7 @@ where
             return ExitCode::from(2);
         }
     };
-    let run = async {
-        let store = Store::open(&cfg.data_dir).await?;
-        let result = job(store.clone()).await;
-        store.close().await;
-        result
-    };
+    let run = job(cfg);
     let result = tokio::runtime::Runtime::new()
         .map_err(anyhow::Error::from)
         .and_then(|rt| rt.block_on(run));
@@ -187,8 +206,28 @@ where
     }
 }
 
-async fn migrate(store: Store) -> anyhow::Result<()> {
-    eprintln!("schema version {}", store.schema_version().await?);
+/// Applies the migrations to the configured store: the SQLite file in `data_dir`, or
+/// the PostgreSQL database `database_url` names.
+async fn migrate(cfg: config::Config) -> anyhow::Result<()> {
+    match &cfg.database_url {
+        None => {
+            let store = Store::open(&cfg.data_dir).await?;
+            let version = store.schema_version().await;
+            store.close().await;
+            eprintln!("schema version {}", version?);
+        }
+        Some(url) => {
+            let store = store_pg::PgStore::connect(url, 1).await?;
+            let done = async {
+                let version = store.migrate().await?;
+                Ok::<_, store_pg::PgError>((version, store.describe().await?))
+            }
+            .await;
+            store.close().await;
+            let (version, about) = done?;
+            eprintln!("schema version {version} ({about})");
+        }
+    }
     Ok(())
 }
 
@@ -257,6 +296,9 @@ fn summary(tables: &std::collections::BTreeMap<String, crate::store::dump::Table
 /// Runs the daemon: SIGTERM and SIGINT drain and stop it; SIGHUP re-reads the
 /// configuration (an invalid one is reported and the running one kept).
 async fn serve(cfg: config::Config, flags: config::Flags) -> anyhow::Result<()> {
+    if cfg.database_url.is_some() {
+        anyhow::bail!(SQLITE_ONLY);
+    }
     let cancel = CancellationToken::new();
     let c = cancel.clone();
     let (tx, rx) = tokio::sync::mpsc::channel(4);

@@ -64,6 +64,9 @@ pub struct Wire {
     pub interfaces: Option<Vec<String>>,
     pub server_ip: Option<Ipv4Addr>,
     pub data_dir: Option<PathBuf>,
+    /// PostgreSQL instead of the SQLite file in `data_dir`: `postgres://USER:PASSWORD@HOST[:PORT]/DATABASE`
+    /// (`?host=/run/postgresql` for a Unix socket).
+    pub database_url: Option<String>,
     pub ipxe_dir: Option<PathBuf>,
     pub images_dir: Option<PathBuf>,
     pub images_catalog: Option<PathBuf>,
@@ -502,6 +505,9 @@ pub struct Config {
     pub interfaces: Vec<String>,
     pub server_ip: Option<Ipv4Addr>,
     pub data_dir: PathBuf,
+    /// PostgreSQL (see [`Wire::database_url`]); shown without its password.
+    #[serde(serialize_with = "redact_url")]
+    pub database_url: Option<String>,
     pub ipxe_dir: PathBuf,
     pub images_dir: PathBuf,
     pub images_catalog: PathBuf,
@@ -615,6 +621,15 @@ fn stage_secs_map<S: serde::Serializer>(
         map.serialize_entry(k.as_str(), &fmt_duration(*v))?;
     }
     map.end()
+}
+
+/// A database URL as `postgres://user@host:port/database`: never its password.
+fn redact_url<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match v.as_deref().map(store_pg::parse_url) {
+        Some(Ok(opts)) => s.serialize_str(&store_pg::redacted(&opts)),
+        Some(Err(_)) => s.serialize_str("********"),
+        None => s.serialize_none(),
+    }
 }
 
 fn mask<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -896,6 +911,10 @@ pub struct Flags {
     /// SQLite file and state.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// PostgreSQL URL instead of SQLite (postgres://USER:PASSWORD@HOST/DATABASE). A
+    /// password here is visible in `ps`: prefer PXED_DATABASE_URL or the config file.
+    #[arg(long = "database", value_name = "URL")]
+    pub database_url: Option<String>,
     /// iPXE binaries (undionly.kpxe, snponly.efi, ipxe-arm64.efi).
     #[arg(long)]
     pub ipxe_dir: Option<PathBuf>,
@@ -1056,6 +1075,7 @@ pub const ENV_KEYS: &[&str] = &[
     "interfaces",
     "server_ip",
     "data_dir",
+    "database_url",
     "ipxe_dir",
     "images_dir",
     "images_catalog",
@@ -1467,11 +1487,16 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
     let pacing = validate_pacing(w.pacing.unwrap_or_default())?;
     let profiles = validate_profiles(w.profiles.unwrap_or_default())?;
     let data_dir = w.data_dir.unwrap_or_else(|| "/var/lib/pxed".into());
+    if let Some(url) = &w.database_url {
+        store_pg::parse_url(url).map_err(|e| invalid("database_url", e.to_string()))?;
+    }
+    let database_url = w.database_url;
     Ok(Config {
         interfaces,
         server_ip: w.server_ip,
         images_dir: w.images_dir.unwrap_or_else(|| data_dir.join("images")),
         data_dir,
+        database_url,
         ipxe_dir: w.ipxe_dir.unwrap_or_else(|| "/usr/lib/pxed/ipxe".into()),
         images_catalog: w
             .images_catalog

@@ -11,6 +11,8 @@ pub mod intents;
 pub mod leases;
 pub mod netboot;
 pub mod nodes;
+#[cfg(test)]
+mod parity;
 pub mod secrets;
 pub mod stages;
 pub mod webhooks;

@@ -504,3 +504,85 @@ fn migrate_from_several_processes_at_once() {
     let (ok, out, err) = pxed(&d, &["node", "list"], "tok");
     assert!(ok, "{out}{err}");
 }
+
+/// `pxed migrate --database postgres://…` from several processes at once against one
+/// new PostgreSQL database (a private cluster): each exits 0 with the same schema
+/// version and names the server as primary; the password is never printed; and the
+/// commands that need the SQLite store say so instead of starting on the wrong one.
+#[test]
+fn migrate_a_postgresql_database_from_several_processes_at_once() {
+    let cluster = store_pg::cluster::Cluster::start().unwrap();
+    cluster.create_database("pxed").unwrap();
+    cluster
+        .psql(
+            "postgres",
+            "CREATE ROLE pxed LOGIN PASSWORD 'hunter2'; ALTER DATABASE pxed OWNER TO pxed",
+        )
+        .unwrap();
+    let url = format!(
+        "postgres://pxed:hunter2@localhost/pxed?host={}",
+        cluster.socket_dir().display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(pxed_bin())
+            .args(args)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env("PXED_DATABASE_URL", &url)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let outs: Vec<(bool, String)> = (0..4)
+        .map(|_| run(&["migrate"]))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            (o.status.success(), text)
+        })
+        .collect();
+    let migrations = std::fs::read_dir("store-pg/migrations").unwrap().count();
+    for (ok, text) in &outs {
+        assert!(ok, "pxed migrate failed: {text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(
+            text.starts_with(&format!("schema version {migrations} (postgresql ")),
+            "{text}"
+        );
+        assert!(
+            text.trim_end().ends_with(&format!(
+                "postgres://pxed@localhost:5432/pxed?host={}, primary, schema version {migrations})",
+                cluster.socket_dir().display()
+            )),
+            "{text}"
+        );
+    }
+    assert!(
+        cluster
+            .psql(
+                "pxed",
+                "SELECT count(*) FROM _sqlx_migrations WHERE success"
+            )
+            .unwrap()
+            == migrations.to_string()
+    );
+    for cmd in ["serve", "export"] {
+        let o = run(&[cmd]).wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{cmd}: {err}");
+        assert!(
+            err.contains("the PostgreSQL store takes `pxed migrate` so far"),
+            "{cmd}: {err}"
+        );
+    }
+    // The SQLite data dir was not touched by any of it.
+    assert!(!dir.path().join("pxed.sqlite").exists());
+}
