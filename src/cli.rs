@@ -131,8 +131,8 @@ pub fn main() -> ExitCode {
         Cmd::Profile(c) => crate::client::run_profile(c),
         Cmd::Agent(c) => crate::agent::run(c),
         Cmd::Migrate(flags) => with_config(&flags, migrate),
-        Cmd::Export(a) => with_store(&a.flags, |store| export(store, a.out)),
-        Cmd::Import(a) => with_store(&a.flags, |store| import(store, a.file, a.secret_key)),
+        Cmd::Export(a) => with_config(&a.flags, |cfg| export(cfg, a.out)),
+        Cmd::Import(a) => with_config(&a.flags, |cfg| import(cfg, a.file, a.secret_key)),
         Cmd::Serve(a) => {
             let cfg = match a.load() {
                 Ok(c) => c,
@@ -159,26 +159,10 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// What a command that needs the SQLite store says when `database_url` names PostgreSQL.
-const SQLITE_ONLY: &str = "the PostgreSQL store takes `pxed migrate` so far; serving, export and \
-     import work on the SQLite store in data_dir (unset database_url / PXED_DATABASE_URL)";
-
-/// Opens the configured store, runs `job` on it and closes it.
-fn with_store<F, Fut>(flags: &Flags, job: F) -> ExitCode
-where
-    F: FnOnce(Store) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
-{
-    with_config(flags, |cfg| async move {
-        if cfg.database_url.is_some() {
-            anyhow::bail!(SQLITE_ONLY);
-        }
-        let store = Store::open(&cfg.data_dir).await?;
-        let result = job(store.clone()).await;
-        store.close().await;
-        result
-    })
-}
+/// What `serve` says when `database_url` names PostgreSQL.
+const SQLITE_ONLY: &str = "serving from PostgreSQL is not built yet: `pxed migrate`, `export` and \
+     `import` work on it; serve from the SQLite store in data_dir (unset database_url / \
+     PXED_DATABASE_URL)";
 
 /// Loads the configuration and runs `job` with it on a new runtime.
 fn with_config<F, Fut>(flags: &Flags, job: F) -> ExitCode
@@ -231,9 +215,27 @@ async fn migrate(cfg: config::Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn export(store: Store, out: Option<PathBuf>) -> anyhow::Result<()> {
+/// Connects to the PostgreSQL database `url` names (two connections at most).
+async fn postgres(url: &str) -> anyhow::Result<store_pg::PgStore> {
+    Ok(store_pg::PgStore::connect(url, 2).await?)
+}
+
+async fn export(cfg: config::Config, out: Option<PathBuf>) -> anyhow::Result<()> {
     use std::io::Write as _;
-    let export = store.export().await?;
+    let export = match &cfg.database_url {
+        Some(url) => {
+            let pg = postgres(url).await?;
+            let export = crate::store::dump::export_pg(&pg).await;
+            pg.close().await;
+            export?
+        }
+        None => {
+            let store = Store::open(&cfg.data_dir).await?;
+            let export = store.export().await;
+            store.close().await;
+            export?
+        }
+    };
     let summary = summary(&export.tables);
     match &out {
         Some(path) => {
@@ -261,7 +263,11 @@ async fn export(store: Store, out: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn import(store: Store, file: PathBuf, secret_key: Option<PathBuf>) -> anyhow::Result<()> {
+async fn import(
+    cfg: config::Config,
+    file: PathBuf,
+    secret_key: Option<PathBuf>,
+) -> anyhow::Result<()> {
     use crate::store::dump::Export;
     let text = if file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())?
@@ -273,7 +279,25 @@ async fn import(store: Store, file: PathBuf, secret_key: Option<PathBuf>) -> any
     let key = secret_key
         .map(|p| crate::store::secrets::SecretKey::read(&p))
         .transpose()?;
-    let done = store.import(&export, key.as_ref()).await?;
+    let done = match &cfg.database_url {
+        Some(url) => {
+            // Every instance on this database seals and opens BMC passwords with the
+            // key in its data dir (or its credential): they must all have this one.
+            std::fs::create_dir_all(&cfg.data_dir)
+                .with_context(|| format!("cannot create {}", cfg.data_dir.display()))?;
+            let ours = crate::store::secrets::SecretKey::load(&cfg.data_dir)?;
+            let pg = postgres(url).await?;
+            let done = crate::store::dump::import_pg(&pg, &ours, &export, key.as_ref()).await;
+            pg.close().await;
+            done?
+        }
+        None => {
+            let store = Store::open(&cfg.data_dir).await?;
+            let done = store.import(&export, key.as_ref()).await;
+            store.close().await;
+            done?
+        }
+    };
     let rows: usize = done.rows.values().sum();
     eprintln!(
         "imported {rows} rows of schema {}: {}; {} BMC passwords sealed under this data dir's key",

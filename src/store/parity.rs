@@ -7,7 +7,6 @@
 use std::collections::BTreeSet;
 
 use store_pg::PgStore;
-use store_pg::cluster::Cluster;
 
 use super::Store;
 
@@ -73,8 +72,7 @@ async fn the_sqlite_and_postgresql_schemas_agree() {
 
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).await.unwrap();
-    let cluster = Cluster::start().unwrap();
-    let url = cluster.create_database("parity").unwrap();
+    let (_, url) = super::test_pg_database();
     let pgs = PgStore::connect(&url, 1).await.unwrap();
     pgs.migrate().await.unwrap();
 

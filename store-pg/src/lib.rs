@@ -7,6 +7,7 @@
 //! against SQLite. [`cluster`] starts a private PostgreSQL for tests and benches.
 
 pub mod cluster;
+pub mod dump;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -30,6 +31,8 @@ pub enum PgError {
     Db(#[from] sqlx::Error),
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("schema: {0}")]
+    Schema(String),
 }
 
 /// Whether the server takes writes.

@@ -507,8 +507,9 @@ fn migrate_from_several_processes_at_once() {
 
 /// `pxed migrate --database postgres://…` from several processes at once against one
 /// new PostgreSQL database (a private cluster): each exits 0 with the same schema
-/// version and names the server as primary; the password is never printed; and the
-/// commands that need the SQLite store say so instead of starting on the wrong one.
+/// version and names the server as primary; the password is never printed; `serve`
+/// says it cannot run there yet; and a serving SQLite deployment is exported, imported
+/// there and exported again unchanged.
 #[test]
 fn migrate_a_postgresql_database_from_several_processes_at_once() {
     let cluster = store_pg::cluster::Cluster::start().unwrap();
@@ -574,15 +575,82 @@ fn migrate_a_postgresql_database_from_several_processes_at_once() {
             .unwrap()
             == migrations.to_string()
     );
-    for cmd in ["serve", "export"] {
-        let o = run(&[cmd]).wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{cmd}: {err}");
-        assert!(
-            err.contains("the PostgreSQL store takes `pxed migrate` so far"),
-            "{cmd}: {err}"
-        );
-    }
+    let o = run(&["serve"]).wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("serving from PostgreSQL is not built yet"),
+        "{err}"
+    );
     // The SQLite data dir was not touched by any of it.
     assert!(!dir.path().join("pxed.sqlite").exists());
+
+    // A serving SQLite deployment moves to that database: export, import (refused
+    // without the old key, then re-sealed under the data dir's key), export again.
+    let d = daemon_in(tempfile::tempdir().unwrap(), &[]);
+    let (ok, out, err) = pxed(
+        &d,
+        &[
+            "node",
+            "add",
+            "--mac",
+            "52:54:00:00:31:01",
+            "--name",
+            "pg-u1",
+            "--bmc-driver",
+            "redfish",
+            "--bmc-address",
+            "http://127.0.0.1:9",
+            "--bmc-user",
+            "root",
+        ],
+        "tok",
+    );
+    assert!(ok, "{out}{err}");
+    let sqlite_json = dir.path().join("sqlite.json");
+    let pg_json = dir.path().join("pg.json");
+    let cli = |args: &[&str], pg: bool| {
+        let mut c = Command::new(pxed_bin());
+        c.args(args).env_remove("PXED_API_TOKEN");
+        if pg {
+            c.env("PXED_DATABASE_URL", &url)
+                .arg("--data-dir")
+                .arg(dir.path());
+        }
+        crate::common::run(&mut c)
+    };
+    let data_dir = d.data_dir();
+    let (ok, _, err) = cli(
+        &[
+            "export",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+            "-o",
+            sqlite_json.to_str().unwrap(),
+        ],
+        false,
+    );
+    assert!(ok, "{err}");
+    let f = sqlite_json.to_str().unwrap();
+    let (ok, _, err) = cli(&["import", f], true);
+    assert!(!ok && err.contains("--secret-key"), "{err}");
+    let key = data_dir.join("secret-key");
+    let (ok, _, err) = cli(&["import", "--secret-key", key.to_str().unwrap(), f], true);
+    assert!(ok, "{err}");
+    assert!(err.contains("1 BMC passwords sealed"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    let (ok, _, err) = cli(&["export", "-o", pg_json.to_str().unwrap()], true);
+    assert!(ok, "{err}");
+    let read = |p: &std::path::Path| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        v["exported_at"] = serde_json::Value::Null;
+        v["tables"].as_object_mut().unwrap().remove("bmc_secrets");
+        v
+    };
+    assert_eq!(read(&pg_json), read(&sqlite_json));
+    assert_eq!(
+        cluster.psql("pxed", "SELECT name FROM nodes").unwrap(),
+        "pg-u1"
+    );
 }
