@@ -7,6 +7,7 @@
 //! against SQLite. [`cluster`] starts a private PostgreSQL for tests and benches.
 
 pub mod cluster;
+pub mod coord;
 pub mod dump;
 
 use std::str::FromStr;

@@ -1,22 +1,10 @@
 //! The PostgreSQL store against a real PostgreSQL (a private cluster per test binary).
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
 
+use common::{cluster, database};
 use store_pg::cluster::Cluster;
 use store_pg::{MIGRATOR, PgError, PgStore, Role};
-
-fn cluster() -> &'static Cluster {
-    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| Cluster::start().expect("start a private PostgreSQL"))
-}
-
-/// A new, empty database for one test.
-fn database() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!("t{}", N.fetch_add(1, Ordering::Relaxed));
-    cluster().create_database(&name).expect("create database")
-}
 
 fn migrations() -> i64 {
     std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))

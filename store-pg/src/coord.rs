@@ -1,0 +1,175 @@
+//! What several pxed instances on one database agree through it, decided by the
+//! database in one statement each, so no two instances can both win:
+//!
+//! - **Node owners.** One instance at a time runs a node's lifecycle effects (BMC
+//!   calls, deadlines). A claim lasts `ttl` unless renewed; when its holder dies it
+//!   expires and a survivor claims the node. Each change of holder raises the node's
+//!   `fence`; a holder checks its fence ([`PgStore::holds`]) before each BMC step and
+//!   records the step under it, so an instance that lost a node (paused, cut off)
+//!   cannot go on stepping it. Expiry is measured on the database's clock, never on an
+//!   instance's, so clock skew between instances cannot make two holders.
+//! - **Lease claims.** An address is given to a MAC only if no other MAC holds it
+//!   unexpired ([`PgStore::claim_lease`]): a conditional upsert on the address's
+//!   primary key, so two instances answering two clients at once cannot both bind one
+//!   address; the loser is told who holds it and offers another.
+
+use std::time::Duration;
+
+use super::{PgError, PgStore};
+
+/// A node claim that is held: its fence and when it lapses (database clock, ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub fence: i64,
+    pub expires_at_ms: i64,
+}
+
+/// The outcome of a lease claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseClaim {
+    /// The address is bound to this MAC until the given time.
+    Granted,
+    /// Another MAC holds it unexpired.
+    Held { mac: String, expires_at: i64 },
+}
+
+/// A lease to claim (`expires_at` and `now` in seconds since the epoch, the DHCP
+/// server's clock, as the leases table stores them).
+#[derive(Debug, Clone)]
+pub struct NewLease<'a> {
+    pub ip: &'a str,
+    pub mac: &'a str,
+    pub client_id: Option<&'a str>,
+    pub hostname: Option<&'a str>,
+    pub expires_at: i64,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl PgStore {
+    /// Claims `node` for `owner` (a name unique to one run of one instance), or
+    /// renews the claim it already holds, for `ttl`. `None` while another owner's
+    /// claim is live.
+    pub async fn claim_node(
+        &self,
+        node: i64,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Claim>, PgError> {
+        let row = sqlx::query!(
+            r#"INSERT INTO node_owners (node_id, owner, fence, expires_at)
+               VALUES ($1, $2, 1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3)
+               ON CONFLICT (node_id) DO UPDATE
+                  SET owner = EXCLUDED.owner,
+                      fence = CASE WHEN node_owners.owner = EXCLUDED.owner
+                                   THEN node_owners.fence ELSE node_owners.fence + 1 END,
+                      expires_at = EXCLUDED.expires_at
+                WHERE node_owners.owner = EXCLUDED.owner
+                   OR node_owners.expires_at <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+               RETURNING fence, expires_at"#,
+            node,
+            owner,
+            ms(ttl)
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| Claim {
+            fence: r.fence,
+            expires_at_ms: r.expires_at,
+        }))
+    }
+
+    /// True if `owner` still holds `node` under `fence` for at least `margin` more
+    /// (the longest a BMC step may take): the check before each step.
+    pub async fn holds(
+        &self,
+        node: i64,
+        owner: &str,
+        fence: i64,
+        margin: Duration,
+    ) -> Result<bool, PgError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT EXISTS (
+                 SELECT 1 FROM node_owners
+                  WHERE node_id = $1 AND owner = $2 AND fence = $3
+                    AND expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4
+               ) AS "held!""#,
+            node,
+            owner,
+            fence,
+            ms(margin)
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Gives `node` up (at a clean stop), so another instance need not wait for the
+    /// claim to lapse. False if `owner` did not hold it.
+    pub async fn release_node(&self, node: i64, owner: &str) -> Result<bool, PgError> {
+        let done = sqlx::query!(
+            "DELETE FROM node_owners WHERE node_id = $1 AND owner = $2",
+            node,
+            owner
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Nodes in a state with lifecycle effects to run whose claim is missing or has
+    /// lapsed: what a survivor claims.
+    pub async fn unowned_nodes(&self, states: &[&str]) -> Result<Vec<i64>, PgError> {
+        let states: Vec<String> = states.iter().map(|s| s.to_string()).collect();
+        Ok(sqlx::query_scalar!(
+            r#"SELECT n.id FROM nodes n
+                 LEFT JOIN node_owners o ON o.node_id = n.id
+                WHERE n.state = ANY($1)
+                  AND (o.node_id IS NULL
+                       OR o.expires_at <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                ORDER BY n.id"#,
+            &states
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Binds `lease.ip` to `lease.mac` unless another MAC holds it past `now`: one
+    /// statement, so of two instances claiming one address at once, one wins.
+    pub async fn claim_lease(&self, lease: &NewLease<'_>, now: i64) -> Result<LeaseClaim, PgError> {
+        let granted = sqlx::query_scalar!(
+            r#"INSERT INTO leases (ip, mac, client_id, hostname, state, expires_at)
+               VALUES ($1, $2, $3, $4, 'bound', $5)
+               ON CONFLICT (ip) DO UPDATE
+                  SET mac = EXCLUDED.mac, client_id = EXCLUDED.client_id,
+                      hostname = EXCLUDED.hostname, state = 'bound',
+                      expires_at = EXCLUDED.expires_at
+                WHERE (leases.mac = EXCLUDED.mac AND leases.state = 'bound')
+                   OR leases.expires_at <= $6
+               RETURNING ip"#,
+            lease.ip,
+            lease.mac,
+            lease.client_id,
+            lease.hostname,
+            lease.expires_at,
+            now
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if granted.is_some() {
+            return Ok(LeaseClaim::Granted);
+        }
+        let holder = sqlx::query!("SELECT mac, expires_at FROM leases WHERE ip = $1", lease.ip)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match holder {
+            Some(h) => LeaseClaim::Held {
+                mac: h.mac,
+                expires_at: h.expires_at,
+            },
+            // Released between the two statements: claim again.
+            None => Box::pin(self.claim_lease(lease, now)).await?,
+        })
+    }
+}
