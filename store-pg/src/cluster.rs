@@ -64,38 +64,51 @@ impl Cluster {
     pub fn start() -> Result<Cluster, ClusterError> {
         let bin = bindir().ok_or(ClusterError::NoBinaries)?;
         remove_stale();
-        let root = std::env::temp_dir().join(format!(
-            "pxed-pg-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&root).map_err(io_err(format!("mkdir {}", root.display())))?;
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
-            .map_err(io_err("chmod"))?;
-        let run_as = if is_root() {
-            let (uid, gid) = lookup_user(SERVER_USER).ok_or_else(|| ClusterError::Failed {
-                what: "running as root".into(),
-                detail: format!("no `{SERVER_USER}` user to run the server as"),
-            })?;
-            std::os::unix::fs::chown(&root, Some(uid), Some(gid)).map_err(io_err("chown"))?;
-            Some((uid, gid))
-        } else {
-            None
-        };
+        let (root, run_as) = new_root()?;
         let data = root.join("data");
-        let out = command(&bin.join("initdb"), run_as)
-            .args(["--auth=trust", "--username=postgres", "--encoding=UTF8"])
-            .args(["--locale=C", "--no-instructions", "-D"])
-            .arg(&data)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(io_err("initdb"))?;
-        if !out.status.success() {
+        run(
+            command(&bin.join("initdb"), run_as)
+                .args(["--auth=trust", "--username=postgres", "--encoding=UTF8"])
+                .args(["--locale=C", "--no-instructions", "-D"])
+                .arg(&data),
+            "initdb",
+        )?;
+        Cluster::boot(bin, root, run_as)
+    }
+
+    /// A hot standby of this cluster (`pg_basebackup -R`: streaming replication from
+    /// it), started and accepting read-only connections.
+    pub fn start_replica(&self) -> Result<Cluster, ClusterError> {
+        let (root, run_as) = new_root()?;
+        run(
+            command(&self.bin.join("pg_basebackup"), run_as)
+                .args(["-R", "-X", "stream", "-c", "fast", "-U", "postgres", "-h"])
+                .arg(&self.root)
+                .arg("-D")
+                .arg(root.join("data")),
+            "pg_basebackup",
+        )?;
+        Cluster::boot(self.bin.clone(), root, run_as)
+    }
+
+    /// Makes this standby a primary (what a failover manager does) and waits until
+    /// it takes writes.
+    pub fn promote(&self) -> Result<(), ClusterError> {
+        let done = self.psql("postgres", "SELECT pg_promote(true, 30)")?;
+        if done != "t" {
             return Err(ClusterError::Failed {
-                what: "initdb".into(),
-                detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+                what: "pg_promote".into(),
+                detail: format!("returned {done:?}"),
             });
         }
+        Ok(())
+    }
+
+    fn boot(
+        bin: PathBuf,
+        root: PathBuf,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<Cluster, ClusterError> {
         let server = Arc::new(Mutex::new(None));
         let spawn = server_thread(bin.clone(), root.clone(), run_as, server.clone());
         let cluster = Cluster {
@@ -232,6 +245,42 @@ impl Drop for Cluster {
 }
 
 static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A new directory for one server (mode 0700, owned by the user it runs as) and that
+/// user (as root: `postgres`).
+fn new_root() -> Result<(PathBuf, Option<(u32, u32)>), ClusterError> {
+    let root = std::env::temp_dir().join(format!(
+        "pxed-pg-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir(&root).map_err(io_err(format!("mkdir {}", root.display())))?;
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+        .map_err(io_err("chmod"))?;
+    let run_as = if is_root() {
+        let (uid, gid) = lookup_user(SERVER_USER).ok_or_else(|| ClusterError::Failed {
+            what: "running as root".into(),
+            detail: format!("no `{SERVER_USER}` user to run the server as"),
+        })?;
+        std::os::unix::fs::chown(&root, Some(uid), Some(gid)).map_err(io_err("chown"))?;
+        Some((uid, gid))
+    } else {
+        None
+    };
+    Ok((root, run_as))
+}
+
+/// Runs a setup command to its end; its stderr is the error if it fails.
+fn run(cmd: &mut Command, what: &str) -> Result<(), ClusterError> {
+    let out = cmd.stdin(Stdio::null()).output().map_err(io_err(what))?;
+    if !out.status.success() {
+        return Err(ClusterError::Failed {
+            what: what.into(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
 
 /// The thread that starts the server (and any restart): the server's parent-death
 /// signal fires when this thread ends, which is when the process ends.

@@ -34,6 +34,10 @@ pub enum PgError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("schema: {0}")]
     Schema(String),
+    #[error(
+        "{0} is a read-only replica (a hot standby): point database_url at the primary (or at what routes to it)"
+    )]
+    Replica(String),
 }
 
 /// Whether the server takes writes.
@@ -146,6 +150,9 @@ impl PgStore {
     /// Applies the migrations this binary has and the database lacks. Safe from
     /// several processes at once: sqlx's PostgreSQL migrator holds an advisory lock.
     pub async fn migrate(&self) -> Result<i64, PgError> {
+        if self.describe_server().await?.1 == Role::Replica {
+            return Err(PgError::Replica(self.server.clone()));
+        }
         MIGRATOR.run(&self.pool).await?;
         self.schema_version().await
     }
@@ -170,22 +177,29 @@ impl PgStore {
 
     /// The server, its version, whether it takes writes and the schema version.
     pub async fn describe(&self) -> Result<Description, PgError> {
+        let (version, role) = self.describe_server().await?;
+        Ok(Description {
+            server: self.server.clone(),
+            version,
+            role,
+            schema: self.schema_version().await?,
+        })
+    }
+
+    /// The server's version and whether it takes writes.
+    async fn describe_server(&self) -> Result<(String, Role), PgError> {
         let row = sqlx::query!(
             r#"SELECT current_setting('server_version') AS "version!",
                       pg_is_in_recovery() AS "replica!""#
         )
         .fetch_one(&self.pool)
         .await?;
-        Ok(Description {
-            server: self.server.clone(),
-            version: row.version,
-            role: if row.replica {
-                Role::Replica
-            } else {
-                Role::Primary
-            },
-            schema: self.schema_version().await?,
-        })
+        let role = if row.replica {
+            Role::Replica
+        } else {
+            Role::Primary
+        };
+        Ok((row.version, role))
     }
 
     /// The tables of the schema with their columns, in order: what the schema-parity

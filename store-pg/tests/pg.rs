@@ -144,3 +144,52 @@ fn the_embedded_migrations_are_the_files() {
     let embedded: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
     assert_eq!(embedded, (1..=migrations()).collect::<Vec<_>>());
 }
+
+/// A streaming replica of the test cluster: the store on it says it is a replica,
+/// refuses to migrate there with the reason, sees what the primary commits, and after
+/// a promotion (a failover) says primary and takes writes.
+#[tokio::test]
+async fn a_replica_says_so_and_a_promoted_one_takes_writes() {
+    let primary = Cluster::start().unwrap();
+    let url = primary.create_database("site").unwrap();
+    let p = PgStore::connect(&url, 1).await.unwrap();
+    p.migrate().await.unwrap();
+    let replica = primary.start_replica().unwrap();
+    let r = PgStore::connect(&replica.url("site"), 1).await.unwrap();
+    let d = r.describe().await.unwrap();
+    assert_eq!((d.role, d.schema), (Role::Replica, migrations()));
+    assert!(d.to_string().contains(", replica (read-only), "), "{d}");
+    let e = r.migrate().await.unwrap_err();
+    assert!(matches!(e, PgError::Replica(_)), "{e}");
+    assert!(e.to_string().contains("read-only replica"), "{e}");
+
+    primary
+        .psql(
+            "site",
+            "INSERT INTO reservations (mac, ip) VALUES ('52:54:00:00:00:01', '10.0.0.9')",
+        )
+        .unwrap();
+    let mut seen = String::new();
+    for _ in 0..100 {
+        seen = replica.psql("site", "SELECT ip FROM reservations").unwrap();
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, "10.0.0.9", "streamed to the replica");
+
+    primary.kill();
+    replica.promote().unwrap();
+    let d = r.describe().await.unwrap();
+    assert_eq!(d.role, Role::Primary);
+    assert_eq!(r.migrate().await.unwrap(), migrations());
+    replica
+        .psql(
+            "site",
+            "INSERT INTO reservations (mac, ip) VALUES ('52:54:00:00:00:02', '10.0.0.10')",
+        )
+        .unwrap();
+    r.close().await;
+    p.close().await;
+}
