@@ -173,3 +173,63 @@ impl PgStore {
         })
     }
 }
+
+/// A change another instance (or this one) committed, announced by the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The lease of this address was bound, renewed, changed or deleted: reload it.
+    Lease(String),
+    /// A row was appended to the audit log (a transition, whichever instance made it).
+    Event { node: i64, id: i64 },
+    /// The connection was lost and is being made again: changes in between were not
+    /// seen, so reload what is cached.
+    Resync,
+}
+
+/// The stream of [`Change`]s (`LISTEN` on one connection of its own).
+pub struct Changes {
+    listener: sqlx::postgres::PgListener,
+}
+
+impl std::fmt::Debug for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Changes(..)")
+    }
+}
+
+const LEASES: &str = "pxed_leases";
+const EVENTS: &str = "pxed_events";
+
+impl PgStore {
+    /// Starts listening; changes committed from now on are announced in commit order.
+    pub async fn changes(&self) -> Result<Changes, PgError> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen_all([LEASES, EVENTS]).await?;
+        Ok(Changes { listener })
+    }
+}
+
+impl Changes {
+    /// The next change. An error means the server cannot be reached now (the caller
+    /// waits and asks again: the next call reconnects and says [`Change::Resync`]).
+    pub async fn next(&mut self) -> Result<Change, PgError> {
+        loop {
+            let Some(n) = self.listener.try_recv().await? else {
+                return Ok(Change::Resync);
+            };
+            let payload = n.payload();
+            match n.channel() {
+                LEASES => return Ok(Change::Lease(payload.to_owned())),
+                EVENTS => {
+                    let parsed = payload
+                        .split_once(':')
+                        .and_then(|(n, i)| Some((n.parse().ok()?, i.parse().ok()?)));
+                    if let Some((node, id)) = parsed {
+                        return Ok(Change::Event { node, id });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}

@@ -213,3 +213,62 @@ async fn four_instances_never_give_one_address_to_two_macs() {
         LeaseClaim::Granted
     );
 }
+
+/// The next change, within 10 s.
+async fn next(c: &mut store_pg::coord::Changes) -> store_pg::coord::Change {
+    tokio::time::timeout(Duration::from_secs(10), c.next())
+        .await
+        .expect("a change within 10 s")
+        .unwrap()
+}
+
+/// One instance's listener hears what another commits, in commit order, and nothing
+/// that was rolled back; when its server restarts it says to resync, then hears again.
+#[tokio::test]
+async fn each_instance_hears_the_lease_and_audit_changes_the_others_commit() {
+    use store_pg::cluster::Cluster;
+    use store_pg::coord::Change;
+    // Its own server: it is restarted below.
+    let own = Cluster::start().unwrap();
+    let url = own.create_database("site").unwrap();
+    let a = PgStore::connect(&url, 4).await.unwrap();
+    a.migrate().await.unwrap();
+    let b = PgStore::connect(&url, 4).await.unwrap();
+    let mut heard = b.changes().await.unwrap();
+    let lease = NewLease {
+        ip: "10.0.0.20",
+        mac: "52:54:00:00:03:01",
+        client_id: None,
+        hostname: None,
+        expires_at: 2_000_000_000,
+    };
+    assert_eq!(
+        a.claim_lease(&lease, 1_900_000_000).await.unwrap(),
+        LeaseClaim::Granted
+    );
+    assert_eq!(next(&mut heard).await, Change::Lease("10.0.0.20".into()));
+    own.psql(
+        "site",
+        "BEGIN; DELETE FROM leases; ROLLBACK; \
+         INSERT INTO nodes (state, state_since, created_at) VALUES ('available', 'now', 'now'); \
+         INSERT INTO node_events (node_id, generation, event, to_state, at, actor) \
+             VALUES (1, 0, 'registered', 'available', 'now', 'test')",
+    )
+    .unwrap();
+    // The rolled-back delete is never announced; the audit row is.
+    assert_eq!(next(&mut heard).await, Change::Event { node: 1, id: 1 });
+
+    own.restart().unwrap();
+    assert_eq!(next(&mut heard).await, Change::Resync);
+    // The pool's connections died with the server: the first use may fail once.
+    let renew = NewLease {
+        expires_at: 2_000_000_100,
+        ..lease.clone()
+    };
+    let mut granted = a.claim_lease(&renew, 1_900_000_000).await;
+    if granted.is_err() {
+        granted = a.claim_lease(&renew, 1_900_000_000).await;
+    }
+    assert_eq!(granted.unwrap(), LeaseClaim::Granted);
+    assert_eq!(next(&mut heard).await, Change::Lease("10.0.0.20".into()));
+}
