@@ -4,9 +4,10 @@
 //! - **Node owners.** One instance at a time runs a node's lifecycle effects (BMC
 //!   calls, deadlines). A claim lasts `ttl` unless renewed; when its holder dies it
 //!   expires and a survivor claims the node. Each change of holder raises the node's
-//!   `fence`; a holder checks its fence ([`PgStore::holds`]) before each BMC step and
-//!   records the step under it, so an instance that lost a node (paused, cut off)
-//!   cannot go on stepping it. Expiry is measured on the database's clock, never on an
+//!   `fence`; a holder records each BMC step under its fence before sending it
+//!   ([`PgStore::claim_bmc_step`]), so an instance that lost a node (paused, cut off)
+//!   cannot go on stepping it, and a power cycle the previous owner already sent is
+//!   checked, not sent again. Expiry is measured on the database's clock, never on an
 //!   instance's, so clock skew between instances cannot make two holders.
 //! - **Lease claims.** An address is given to a MAC only if no other MAC holds it
 //!   unexpired ([`PgStore::claim_lease`]): a conditional upsert on the address's
@@ -171,6 +172,107 @@ impl PgStore {
             // Released between the two statements: claim again.
             None => Box::pin(self.claim_lease(lease, now)).await?,
         })
+    }
+}
+
+/// A BMC step an owner is about to send (see [`PgStore::claim_bmc_step`]).
+#[derive(Debug, Clone)]
+pub struct StepIntent<'a> {
+    pub node: i64,
+    /// The claim it is sent under.
+    pub owner: &'a str,
+    pub fence: i64,
+    /// The longest the step may take: the claim must outlast it.
+    pub margin: Duration,
+    pub generation: i64,
+    pub attempt: i64,
+    /// `set_netboot` or `power_cycle` (`model::BmcStep`).
+    pub step: &'a str,
+    /// When (RFC 3339), as the audit log writes it.
+    pub sent_at: &'a str,
+}
+
+/// What the database says about a BMC step an owner is about to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepClaim {
+    /// Recorded as sent under this claim: send it now.
+    Send,
+    /// This attempt's power cycle was already recorded as sent at `at` (by this
+    /// instance before a restart, or by the node's previous owner): check the machine
+    /// instead of cycling it again.
+    AlreadySent { at: String },
+    /// The node has moved on (another state, generation or attempt): skip the step.
+    NotCurrent,
+    /// The claim lapsed or passed to another instance (or would lapse within the
+    /// margin): do not send.
+    NotHeld,
+}
+
+impl PgStore {
+    /// Records `intent` as sent, in one transaction with the checks that the claim is
+    /// held under its fence for at least the margin, and that the node is still in
+    /// `reclaiming` at that generation and attempt. The claim's row stays locked until
+    /// the record commits, so a takeover cannot slip between the check and the record.
+    pub async fn claim_bmc_step(&self, intent: &StepIntent<'_>) -> Result<StepClaim, PgError> {
+        let mut tx = self.pool.begin().await?;
+        let held = sqlx::query_scalar!(
+            r#"SELECT fence FROM node_owners
+                WHERE node_id = $1 AND owner = $2 AND fence = $3
+                  AND expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4
+                FOR UPDATE"#,
+            intent.node,
+            intent.owner,
+            intent.fence,
+            ms(intent.margin)
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        if held.is_none() {
+            return Ok(StepClaim::NotHeld);
+        }
+        let current = sqlx::query!(
+            "SELECT state, generation, attempt FROM nodes WHERE id = $1",
+            intent.node
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        match current {
+            Some(n)
+                if n.state == "reclaiming"
+                    && n.generation == intent.generation
+                    && n.attempt == intent.attempt => {}
+            _ => return Ok(StepClaim::NotCurrent),
+        }
+        if intent.step == "power_cycle" {
+            let sent = sqlx::query_scalar!(
+                "SELECT sent_at FROM bmc_intents
+                  WHERE node_id = $1 AND generation = $2 AND attempt = $3 AND step = $4",
+                intent.node,
+                intent.generation,
+                intent.attempt,
+                intent.step
+            )
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(at) = sent {
+                return Ok(StepClaim::AlreadySent { at });
+            }
+        }
+        sqlx::query!(
+            "INSERT INTO bmc_intents (node_id, generation, attempt, step, sent_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (node_id) DO UPDATE SET generation = EXCLUDED.generation,
+               attempt = EXCLUDED.attempt, step = EXCLUDED.step, sent_at = EXCLUDED.sent_at",
+            intent.node,
+            intent.generation,
+            intent.attempt,
+            intent.step,
+            intent.sent_at
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(StepClaim::Send)
     }
 }
 

@@ -272,3 +272,85 @@ async fn each_instance_hears_the_lease_and_audit_changes_the_others_commit() {
     assert_eq!(granted.unwrap(), LeaseClaim::Granted);
     assert_eq!(next(&mut heard).await, Change::Lease("10.0.0.20".into()));
 }
+
+/// BMC steps under claims: the holder records and sends; after a takeover the old
+/// holder's next step is refused; the new holder finds the old holder's power cycle
+/// of the same attempt recorded and checks the machine instead of cycling it again;
+/// a node that moved on is skipped.
+#[tokio::test]
+async fn a_bmc_step_is_sent_only_under_a_live_claim_and_a_cycle_only_once() {
+    use store_pg::coord::{StepClaim, StepIntent};
+    let (db, a) = migrated(2).await;
+    let b = PgStore::connect(&cluster().url(&db), 2).await.unwrap();
+    add_nodes(&db, 1, "reclaiming");
+    cluster()
+        .psql(&db, "UPDATE nodes SET generation = 3, attempt = 1")
+        .unwrap();
+    let ca = a
+        .claim_node(1, "a", Duration::from_millis(400))
+        .await
+        .unwrap()
+        .unwrap();
+    let step = |owner, fence, step| StepIntent {
+        node: 1,
+        owner,
+        fence,
+        margin: Duration::from_millis(100),
+        generation: 3,
+        attempt: 1,
+        step,
+        sent_at: "2026-12-02T13:00:00.000Z",
+    };
+    assert_eq!(
+        a.claim_bmc_step(&step("a", ca.fence, "set_netboot"))
+            .await
+            .unwrap(),
+        StepClaim::Send
+    );
+    assert_eq!(
+        a.claim_bmc_step(&step("a", ca.fence, "power_cycle"))
+            .await
+            .unwrap(),
+        StepClaim::Send
+    );
+    // "b" has no claim.
+    assert_eq!(
+        b.claim_bmc_step(&step("b", ca.fence, "power_cycle"))
+            .await
+            .unwrap(),
+        StepClaim::NotHeld
+    );
+    // "a" stops renewing; "b" takes over.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let cb = b
+        .claim_node(1, "b", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("lapsed");
+    assert_eq!(
+        a.claim_bmc_step(&step("a", ca.fence, "set_netboot"))
+            .await
+            .unwrap(),
+        StepClaim::NotHeld
+    );
+    assert_eq!(
+        b.claim_bmc_step(&step("b", cb.fence, "power_cycle"))
+            .await
+            .unwrap(),
+        StepClaim::AlreadySent {
+            at: "2026-12-02T13:00:00.000Z".into()
+        }
+    );
+    // Within the margin of its lapse, a claim is not enough.
+    let mut late = step("b", cb.fence, "set_netboot");
+    late.margin = Duration::from_secs(60);
+    assert_eq!(b.claim_bmc_step(&late).await.unwrap(), StepClaim::NotHeld);
+    // The next attempt: the node moved on from attempt 1.
+    cluster().psql(&db, "UPDATE nodes SET attempt = 2").unwrap();
+    assert_eq!(
+        b.claim_bmc_step(&step("b", cb.fence, "power_cycle"))
+            .await
+            .unwrap(),
+        StepClaim::NotCurrent
+    );
+}
