@@ -467,6 +467,22 @@ fn export_while_serving_and_import_into_a_new_data_dir() {
     assert!(!ok && err.contains("502: unreachable"), "{err}");
 }
 
+/// Waits for each child: whether it succeeded, and its stdout and stderr.
+fn finished(children: Vec<std::process::Child>) -> Vec<(bool, String)> {
+    children
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            (o.status.success(), text)
+        })
+        .collect()
+}
+
 /// `pxed migrate` run by several processes at once on a new data dir (instances
 /// starting together, a migrate beside a start): each one exits 0 with the same
 /// schema version, and a daemon then serves from the result.
@@ -485,16 +501,10 @@ fn migrate_from_several_processes_at_once() {
                 .unwrap()
         })
         .collect();
-    let outs: Vec<String> = children
+    let outs: Vec<String> = finished(children)
         .into_iter()
-        .map(|c| {
-            let o = c.wait_with_output().unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-            assert!(o.status.success(), "pxed migrate failed: {text}");
+        .map(|(ok, text)| {
+            assert!(ok, "pxed migrate failed: {text}");
             text
         })
         .collect();
@@ -536,20 +546,7 @@ fn migrate_a_postgresql_database_from_several_processes_at_once() {
             .spawn()
             .unwrap()
     };
-    let outs: Vec<(bool, String)> = (0..4)
-        .map(|_| run(&["migrate"]))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|c| {
-            let o = c.wait_with_output().unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-            (o.status.success(), text)
-        })
-        .collect();
+    let outs = finished((0..4).map(|_| run(&["migrate"])).collect());
     let migrations = std::fs::read_dir("store-pg/migrations").unwrap().count();
     for (ok, text) in &outs {
         assert!(ok, "pxed migrate failed: {text}");
