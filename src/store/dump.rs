@@ -88,13 +88,8 @@ pub struct Export {
     pub tables: BTreeMap<String, Table>,
 }
 
-/// One table: its columns in order, and its rows as values in that order. Integers,
-/// reals and text are JSON numbers and strings; a BLOB is `{"blob": "<hex>"}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Table {
-    pub columns: Vec<String>,
-    pub rows: Vec<Vec<Value>>,
-}
+/// One table: the same type for both backends, so an export moves between them as is.
+pub use store_pg::dump::Table;
 
 /// What an import wrote.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -274,16 +269,7 @@ pub async fn export_pg(pg: &store_pg::PgStore) -> Result<Export, DumpError> {
         pxed_export: FORMAT,
         schema,
         exported_at: super::nodes::now(),
-        tables: tables
-            .into_iter()
-            .map(|(name, t)| {
-                let table = Table {
-                    columns: t.columns,
-                    rows: t.rows,
-                };
-                (name, table)
-            })
-            .collect(),
+        tables,
     })
 }
 
@@ -296,7 +282,7 @@ pub async fn import_pg(
     export: &Export,
     source_key: Option<&SecretKey>,
 ) -> Result<Imported, DumpError> {
-    use store_pg::dump::{ImportError, Rows};
+    use store_pg::dump::ImportError;
     if export.pxed_export != FORMAT {
         return Err(DumpError::Format(export.pxed_export));
     }
@@ -307,17 +293,7 @@ pub async fn import_pg(
             ours: schema,
         });
     }
-    let mut tables: BTreeMap<String, Rows> = export
-        .tables
-        .iter()
-        .map(|(name, t)| {
-            let rows = Rows {
-                columns: t.columns.clone(),
-                rows: t.rows.clone(),
-            };
-            (name.clone(), rows)
-        })
-        .collect();
+    let mut tables = export.tables.clone();
     let mut resealed = 0;
     if let Some(t) = tables.get_mut("bmc_secrets") {
         let col = |name: &str| t.columns.iter().position(|c| c == name);
@@ -617,7 +593,7 @@ mod tests {
             .filter_map(|r| r[0].as_i64())
             .max()
             .unwrap();
-        let next = crate::store::test_pg_cluster()
+        let next = store_pg::cluster::Cluster::shared()
             .psql(&db, "INSERT INTO node_events (node_id, generation, event, to_state, at, actor) VALUES (1, 0, 'x', 'available', 'now', 't') RETURNING id")
             .unwrap();
         assert_eq!(next, (max_event + 1).to_string());

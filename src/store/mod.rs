@@ -400,22 +400,12 @@ fn prepare_file(data_dir: &Path, file: &Path) -> Result<(), StoreError> {
     }
 }
 
-/// The private PostgreSQL of this test binary (started on first use, gone with it).
-#[cfg(test)]
-pub(crate) fn test_pg_cluster() -> &'static store_pg::cluster::Cluster {
-    static CLUSTER: std::sync::OnceLock<store_pg::cluster::Cluster> = std::sync::OnceLock::new();
-    CLUSTER.get_or_init(|| store_pg::cluster::Cluster::start().expect("start a private PostgreSQL"))
-}
-
-/// A new, empty database on [`test_pg_cluster`]: its name and URL.
+/// A new, empty database on this test binary's private PostgreSQL: its name and URL.
 #[cfg(test)]
 pub(crate) fn test_pg_database() -> (String, String) {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let name = format!("t{}", N.fetch_add(1, Ordering::Relaxed));
-    let url = test_pg_cluster()
-        .create_database(&name)
-        .expect("create a database");
-    (name, url)
+    store_pg::cluster::Cluster::shared()
+        .new_database()
+        .expect("create a database")
 }
 
 #[cfg(test)]

@@ -135,6 +135,22 @@ impl Cluster {
         )
     }
 
+    /// The cluster shared by the tests of one test binary, started on first use (its
+    /// server ends with the process, see the module documentation).
+    pub fn shared() -> &'static Cluster {
+        static SHARED: std::sync::OnceLock<Cluster> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| Cluster::start().expect("start a private PostgreSQL"))
+    }
+
+    /// Creates an empty database with a name not used before in this process; returns
+    /// its name and URL.
+    pub fn new_database(&self) -> Result<(String, String), ClusterError> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!("t{}", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let url = self.create_database(&name)?;
+        Ok((name, url))
+    }
+
     /// Creates an empty database and returns its URL.
     pub fn create_database(&self, name: &str) -> Result<String, ClusterError> {
         self.psql("postgres", &format!("CREATE DATABASE \"{name}\""))?;

@@ -22,9 +22,11 @@ use super::{PgError, PgStore};
 /// Tables not exported: sqlx's bookkeeping, the write probe's scratch row.
 const SKIP: &[&str] = &["_sqlx_migrations", "store_probe"];
 
-/// One table: its columns in order and its rows.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Rows {
+/// One table of an export, from either backend: its columns in order, and its rows as
+/// values in that order. Integers, reals and text are JSON numbers and strings; a BLOB
+/// (SQLite) is `{"blob": "<hex>"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Table {
     pub columns: Vec<String>,
     pub rows: Vec<Vec<Value>>,
 }
@@ -75,7 +77,7 @@ struct Col {
 impl PgStore {
     /// Every table, read in one read-only snapshot (REPEATABLE READ): a consistent
     /// export while instances write. Returns the schema version too.
-    pub async fn export_tables(&self) -> Result<(i64, BTreeMap<String, Rows>), PgError> {
+    pub async fn export_tables(&self) -> Result<(i64, BTreeMap<String, Table>), PgError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
@@ -106,7 +108,7 @@ impl PgStore {
                 })
                 .collect::<Result<Vec<Vec<Value>>, sqlx::Error>>()?;
             let columns = cols.into_iter().map(|c| c.name).collect();
-            out.insert(table, Rows { columns, rows });
+            out.insert(table, Table { columns, rows });
         }
         tx.rollback().await?;
         Ok((schema, out))
@@ -116,7 +118,7 @@ impl PgStore {
     /// of it or none. Identity columns continue after the highest imported value.
     pub async fn import_tables(
         &self,
-        tables: &BTreeMap<String, Rows>,
+        tables: &BTreeMap<String, Table>,
     ) -> Result<BTreeMap<String, usize>, ImportError> {
         let mut tx = self.pool.begin().await?;
         let ours = schema_tables(&mut tx).await?;

@@ -2,23 +2,16 @@
 
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use store_pg::PgStore;
 use store_pg::cluster::Cluster;
 
 pub fn cluster() -> &'static Cluster {
-    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| Cluster::start().expect("start a private PostgreSQL"))
+    Cluster::shared()
 }
 
 /// A new, empty database for one test: its name and URL.
 pub fn new_database() -> (String, String) {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!("t{}", N.fetch_add(1, Ordering::Relaxed));
-    let url = cluster().create_database(&name).expect("create database");
-    (name, url)
+    cluster().new_database().expect("create database")
 }
 
 /// A new, empty database for one test: its URL.
