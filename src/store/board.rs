@@ -137,7 +137,7 @@ impl Store {
             profile,
             drifted
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         if nodes.is_empty() {
             return Ok(vec![]);
@@ -149,13 +149,13 @@ impl Store {
             r#"SELECT mac AS "mac: _", node_id, is_boot AS "is_boot: _" FROM interfaces WHERE node_id IN (SELECT value FROM json_each(?)) ORDER BY node_id, is_boot DESC, mac"#,
             ids
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         let labels = sqlx::query!(
             r#"SELECT node_id, key, value FROM node_labels WHERE node_id IN (SELECT value FROM json_each(?)) ORDER BY node_id, key"#,
             ids
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         let mut macs: HashMap<i64, Vec<Mac>> = HashMap::new();
         for i in ifaces {
@@ -181,7 +181,7 @@ impl Store {
             "SELECT key, value FROM node_labels WHERE node_id = ? ORDER BY key",
             node_id
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         Ok(rows.into_iter().map(|r| (r.key, r.value)).collect())
     }

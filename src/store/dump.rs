@@ -103,14 +103,14 @@ pub struct Imported {
 impl Store {
     /// The schema version: the last migration applied.
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.pool()?.acquire().await?;
         Ok(schema_version(&mut conn).await?)
     }
 
     /// The whole store, read in one transaction (a consistent snapshot while pxed
     /// serves: WAL readers do not stop writers).
     pub async fn export(&self) -> Result<Export, DumpError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool()?.begin().await?;
         let schema = schema_version(&mut tx).await?;
         let mut tables = BTreeMap::new();
         for name in table_names(&mut tx).await? {

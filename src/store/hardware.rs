@@ -132,7 +132,7 @@ impl Store {
                              WHEN 'redfish' THEN 2 ELSE 3 END"#,
             node_id
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         Ok(rows
             .into_iter()
@@ -157,7 +157,7 @@ impl Store {
                FROM node_hardware WHERE node_id = ?"#,
             node_id
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?;
         Ok(r.map(|r| r.into_parts().1).unwrap_or_default())
     }
@@ -170,7 +170,7 @@ impl Store {
                       passed AS "passed: bool", drifted AS "drifted: bool", verdict, checked_at
                FROM node_hardware ORDER BY node_id"#
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         Ok(rows.into_iter().map(HardwareRecord::into_parts).collect())
     }

@@ -18,7 +18,7 @@ impl Store {
     pub async fn images(&self) -> Result<Vec<ImageRow>, StoreError> {
         Ok(
             sqlx::query_as!(ImageRow, "SELECT * FROM images ORDER BY name")
-                .fetch_all(&self.pool)
+                .fetch_all(self.pool()?)
                 .await?,
         )
     }
@@ -27,7 +27,7 @@ impl Store {
     pub async fn image(&self, name: &str) -> Result<Option<ImageRow>, StoreError> {
         Ok(
             sqlx::query_as!(ImageRow, "SELECT * FROM images WHERE name = ?", name)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.pool()?)
                 .await?,
         )
     }

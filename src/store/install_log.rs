@@ -61,7 +61,7 @@ impl Store {
             now,
             ip
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?)
     }
 
@@ -75,7 +75,7 @@ impl Store {
                WHERE n.id = ?"#,
             node_id
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?)
     }
 
@@ -147,7 +147,7 @@ impl Store {
             generation,
             limit
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         rows.reverse();
         Ok(rows)
@@ -200,7 +200,7 @@ impl Store {
             node_id,
             generation
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?
         .and_then(|r| r.detail.map(|d| (r.generation, d))))
     }

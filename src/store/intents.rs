@@ -98,7 +98,7 @@ impl Store {
             r#"SELECT generation, attempt, step AS "step: BmcStep", sent_at FROM bmc_intents WHERE node_id = ?"#,
             node_id
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?)
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use super::{Store, StoreError};
+use super::{Db, Store, StoreError};
 use crate::config::Reservation;
 
 /// One row of `leases`, as stored.
@@ -33,7 +33,16 @@ impl Store {
     /// Leases that have not expired at `now` (Unix seconds). Rows with an unparsable
     /// address are skipped with a warning.
     pub async fn load_leases(&self, now: i64) -> Result<Vec<LeaseRow>, StoreError> {
-        let pool = &self.pool;
+        if let Db::Postgres(pg) = &self.db {
+            let rows = pg.load_leases(now).await?;
+            return Ok(rows
+                .into_iter()
+                .filter_map(|r| {
+                    lease_row(r.ip, r.mac, r.client_id, r.hostname, r.state, r.expires_at)
+                })
+                .collect());
+        }
+        let pool = self.pool()?;
         let rows = sqlx::query!(
         r#"SELECT ip, mac, client_id, hostname, state, expires_at FROM leases WHERE expires_at > ?"#,
         now
@@ -42,26 +51,16 @@ impl Store {
     .await?;
         Ok(rows
             .into_iter()
-            .filter_map(|r| match r.ip.parse() {
-                Ok(ip) => Some(LeaseRow {
-                    ip,
-                    mac: r.mac,
-                    client_id: r.client_id,
-                    hostname: r.hostname,
-                    state: r.state,
-                    expires_at: r.expires_at,
-                }),
-                Err(_) => {
-                    tracing::warn!(ip = %r.ip, "skipping a lease row with a bad address");
-                    None
-                }
-            })
+            .filter_map(|r| lease_row(r.ip, r.mac, r.client_id, r.hostname, r.state, r.expires_at))
             .collect())
     }
 
     /// The addresses bound at `now` (Unix seconds) to any MAC of node `node_id`. A lease
     /// row is written before its ACK goes out, so this is what the node was told.
     pub async fn leased_ips(&self, node_id: i64, now: i64) -> Result<Vec<String>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.leased_ips(node_id, now).await?);
+        }
         Ok(sqlx::query_scalar!(
             r#"SELECT ip FROM leases
                WHERE state = 'bound' AND expires_at > ?
@@ -69,20 +68,23 @@ impl Store {
             now,
             node_id
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 
     /// Bound leases at `now` (Unix seconds) whose MAC is no node's (a leftover of a
     /// deleted node): (address, MAC).
     pub async fn stale_leases(&self, now: i64) -> Result<Vec<(String, String)>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.stale_leases(now).await?);
+        }
         let rows = sqlx::query!(
             r#"SELECT ip, mac FROM leases
                WHERE state = 'bound' AND expires_at > ?
                  AND mac NOT IN (SELECT mac FROM interfaces) ORDER BY ip"#,
             now
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         Ok(rows.into_iter().map(|r| (r.ip, r.mac)).collect())
     }
@@ -90,6 +92,9 @@ impl Store {
     /// Releases the lease of `ip` if its MAC is no node's; false when there is no such
     /// lease.
     pub async fn release_stale_lease(&self, ip: &str) -> Result<bool, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.release_stale_lease(ip).await?);
+        }
         let r = self
             .write_one(sqlx::query!(
                 "DELETE FROM leases WHERE ip = ? AND mac NOT IN (SELECT mac FROM interfaces)",
@@ -131,6 +136,20 @@ impl Store {
                 LeaseWrite::Delete(_) => deletes.push(ip.to_string()),
             }
         }
+        if let Db::Postgres(pg) = &self.db {
+            let rows: Vec<_> = upserts
+                .iter()
+                .map(|l| store_pg::leases::LeaseRow {
+                    ip: l.ip.clone(),
+                    mac: l.mac.to_owned(),
+                    client_id: l.client_id.map(str::to_owned),
+                    hostname: l.hostname.map(str::to_owned),
+                    state: l.state.to_owned(),
+                    expires_at: l.expires_at,
+                })
+                .collect();
+            return Ok(pg.commit_leases(&rows, &deletes).await?);
+        }
         let upserts = (!upserts.is_empty()).then(|| json(&upserts));
         let deletes = (!deletes.is_empty()).then(|| json(&deletes));
         if upserts.is_none() && deletes.is_none() {
@@ -145,6 +164,31 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// A stored lease row, or `None` (with a warning) if its address does not parse.
+fn lease_row(
+    ip: String,
+    mac: String,
+    client_id: Option<String>,
+    hostname: Option<String>,
+    state: String,
+    expires_at: i64,
+) -> Option<LeaseRow> {
+    match ip.parse() {
+        Ok(ip) => Some(LeaseRow {
+            ip,
+            mac,
+            client_id,
+            hostname,
+            state,
+            expires_at,
+        }),
+        Err(_) => {
+            tracing::warn!(%ip, "skipping a lease row with a bad address");
+            None
+        }
     }
 }
 
@@ -200,6 +244,9 @@ async fn delete_json<'c>(
 impl Store {
     /// Deletes leases that expired at or before `now`; returns how many.
     pub async fn purge_expired_leases(&self, now: i64) -> Result<u64, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.purge_expired_leases(now).await?);
+        }
         let r = self
             .write_one(sqlx::query!(
                 "DELETE FROM leases WHERE expires_at <= ?",
@@ -211,6 +258,17 @@ impl Store {
 
     /// Makes the `reservations` table equal to the configured reservations.
     pub async fn sync_reservations(&self, reservations: &[Reservation]) -> Result<(), StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let rows: Vec<_> = reservations
+                .iter()
+                .map(|r| store_pg::leases::ReservationRow {
+                    mac: r.mac.clone(),
+                    ip: r.ip.to_string(),
+                    hostname: r.hostname.clone(),
+                })
+                .collect();
+            return Ok(pg.sync_reservations(&rows).await?);
+        }
         let mut tx = self.write().await?;
         sqlx::query!("DELETE FROM reservations")
             .execute(&mut *tx)
@@ -232,7 +290,20 @@ impl Store {
 
     /// The stored reservations (MAC, IP, hostname).
     pub async fn reservations(&self) -> Result<Vec<Reservation>, StoreError> {
-        let pool = &self.pool;
+        if let Db::Postgres(pg) = &self.db {
+            let rows = pg.reservations().await?;
+            return Ok(rows
+                .into_iter()
+                .filter_map(|r| {
+                    Some(Reservation {
+                        mac: r.mac,
+                        ip: r.ip.parse().ok()?,
+                        hostname: r.hostname,
+                    })
+                })
+                .collect());
+        }
+        let pool = self.pool()?;
         let rows = sqlx::query!("SELECT mac, ip, hostname FROM reservations ORDER BY mac")
             .fetch_all(pool)
             .await?;
@@ -267,76 +338,79 @@ mod tests {
     #[tokio::test]
     async fn leases_round_trip_and_expire() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path()).await.unwrap();
-        let a = row("10.0.0.10", "52:54:00:00:00:01", 100);
-        let b = row("10.0.0.11", "52:54:00:00:00:02", 50);
-        s.commit_leases(&[LeaseWrite::Upsert(a.clone()), LeaseWrite::Upsert(b)])
-            .await
-            .unwrap();
-        let mut a2 = a.clone();
-        a2.expires_at = 200;
-        s.commit_leases(&[LeaseWrite::Upsert(a2.clone())])
-            .await
-            .unwrap();
-        assert_eq!(s.load_leases(60).await.unwrap(), vec![a2]);
-        assert_eq!(s.purge_expired_leases(60).await.unwrap(), 1);
-        s.commit_leases(&[LeaseWrite::Delete(a.ip)]).await.unwrap();
-        assert!(s.load_leases(0).await.unwrap().is_empty());
+        for s in crate::store::test_stores(dir.path()).await {
+            let a = row("10.0.0.10", "52:54:00:00:00:01", 100);
+            let b = row("10.0.0.11", "52:54:00:00:00:02", 50);
+            s.commit_leases(&[LeaseWrite::Upsert(a.clone()), LeaseWrite::Upsert(b)])
+                .await
+                .unwrap();
+            let mut a2 = a.clone();
+            a2.expires_at = 200;
+            s.commit_leases(&[LeaseWrite::Upsert(a2.clone())])
+                .await
+                .unwrap();
+            assert_eq!(s.load_leases(60).await.unwrap(), vec![a2]);
+            assert_eq!(s.purge_expired_leases(60).await.unwrap(), 1);
+            s.commit_leases(&[LeaseWrite::Delete(a.ip)]).await.unwrap();
+            assert!(s.load_leases(0).await.unwrap().is_empty());
+        }
     }
 
     #[tokio::test]
     async fn a_batch_applies_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path()).await.unwrap();
-        let a = row("10.0.0.10", "52:54:00:00:00:01", 100);
-        let mut b = row("10.0.0.11", "52:54:00:00:00:02", 100);
-        b.client_id = None;
-        b.hostname = Some("node-b".into());
-        let c = row("10.0.0.12", "52:54:00:00:00:03", 100);
-        s.commit_leases(&[LeaseWrite::Upsert(c.clone())])
+        for s in crate::store::test_stores(dir.path()).await {
+            let a = row("10.0.0.10", "52:54:00:00:00:01", 100);
+            let mut b = row("10.0.0.11", "52:54:00:00:00:02", 100);
+            b.client_id = None;
+            b.hostname = Some("node-b".into());
+            let c = row("10.0.0.12", "52:54:00:00:00:03", 100);
+            s.commit_leases(&[LeaseWrite::Upsert(c.clone())])
+                .await
+                .unwrap();
+            let mut a2 = a.clone();
+            a2.state = "declined".into();
+            // a: bound then declined; b: released then bound again; c: released.
+            s.commit_leases(&[
+                LeaseWrite::Upsert(a.clone()),
+                LeaseWrite::Delete(b.ip),
+                LeaseWrite::Upsert(b.clone()),
+                LeaseWrite::Delete(c.ip),
+                LeaseWrite::Upsert(a2.clone()),
+            ])
             .await
             .unwrap();
-        let mut a2 = a.clone();
-        a2.state = "declined".into();
-        // a: bound then declined; b: released then bound again; c: released.
-        s.commit_leases(&[
-            LeaseWrite::Upsert(a.clone()),
-            LeaseWrite::Delete(b.ip),
-            LeaseWrite::Upsert(b.clone()),
-            LeaseWrite::Delete(c.ip),
-            LeaseWrite::Upsert(a2.clone()),
-        ])
-        .await
-        .unwrap();
-        let mut got = s.load_leases(0).await.unwrap();
-        got.sort_by_key(|l| l.ip);
-        assert_eq!(got, vec![a2, b.clone()]);
-        // Bound, then released in the same batch: gone.
-        s.commit_leases(&[LeaseWrite::Upsert(c.clone()), LeaseWrite::Delete(c.ip)])
-            .await
-            .unwrap();
-        s.commit_leases(&[]).await.unwrap();
-        assert_eq!(s.load_leases(0).await.unwrap().len(), 2);
+            let mut got = s.load_leases(0).await.unwrap();
+            got.sort_by_key(|l| l.ip);
+            assert_eq!(got, vec![a2, b.clone()]);
+            // Bound, then released in the same batch: gone.
+            s.commit_leases(&[LeaseWrite::Upsert(c.clone()), LeaseWrite::Delete(c.ip)])
+                .await
+                .unwrap();
+            s.commit_leases(&[]).await.unwrap();
+            assert_eq!(s.load_leases(0).await.unwrap().len(), 2);
+        }
     }
 
     #[tokio::test]
     async fn reservations_are_replaced() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path()).await.unwrap();
-        let r = |mac: &str, ip: &str| Reservation {
-            mac: mac.into(),
-            ip: ip.parse().unwrap(),
-            hostname: None,
-        };
-        s.sync_reservations(&[r("52:54:00:00:00:01", "10.0.0.5")])
-            .await
-            .unwrap();
-        s.sync_reservations(&[r("52:54:00:00:00:02", "10.0.0.5")])
-            .await
-            .unwrap();
-        assert_eq!(
-            s.reservations().await.unwrap(),
-            vec![r("52:54:00:00:00:02", "10.0.0.5")]
-        );
+        for s in crate::store::test_stores(dir.path()).await {
+            let r = |mac: &str, ip: &str| Reservation {
+                mac: mac.into(),
+                ip: ip.parse().unwrap(),
+                hostname: None,
+            };
+            s.sync_reservations(&[r("52:54:00:00:00:01", "10.0.0.5")])
+                .await
+                .unwrap();
+            s.sync_reservations(&[r("52:54:00:00:00:02", "10.0.0.5")])
+                .await
+                .unwrap();
+            assert_eq!(
+                s.reservations().await.unwrap(),
+                vec![r("52:54:00:00:00:02", "10.0.0.5")]
+            );
+        }
     }
 }

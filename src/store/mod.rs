@@ -66,7 +66,24 @@ pub enum StoreError {
     Secret(#[from] secrets::SecretError),
     #[error("the write check did not finish within {0:?}")]
     ProbeTimeout(Duration),
+    #[error(transparent)]
+    Pg(#[from] store_pg::PgError),
+    /// The PostgreSQL backend is being ported query by query; `pxed serve` refuses a
+    /// PostgreSQL URL until it is complete, so only tests and tools meet this.
+    #[error(
+        "{server} is at schema version {have}, this pxed needs {want}: run `pxed migrate` (with this pxed) first"
+    )]
+    Schema {
+        server: String,
+        have: i64,
+        want: i64,
+    },
+    #[error("{0} is not implemented on PostgreSQL yet")]
+    NotOnPostgres(&'static str),
 }
+
+/// Connections to PostgreSQL (each one a server process there).
+const PG_POOL_SIZE: u32 = 16;
 
 /// Connections in the pool (SQLite has one writer; readers run beside it in WAL).
 const POOL_SIZE: u32 = 8;
@@ -143,14 +160,28 @@ impl Render for StoreHealth {
 pub struct Store {
     /// Private: every query lives in this module's files, so callers never see SQL
     /// and a second backend changes nothing outside `store`.
-    pool: SqlitePool,
-    /// Every write goes through it (group commit); the pool's connections only read.
-    writer: Arc<writer::Writer>,
+    db: Db,
     health: Arc<StoreHealth>,
     /// Seals BMC passwords at rest.
     key: Arc<secrets::SecretKey>,
+}
+
+/// The database behind a [`Store`].
+#[derive(Debug, Clone)]
+enum Db {
+    Sqlite(Arc<Sqlite>),
+    Postgres(store_pg::PgStore),
+}
+
+/// The SQLite backend: a local file in WAL mode.
+#[derive(Debug)]
+struct Sqlite {
+    /// Readers only.
+    pool: SqlitePool,
+    /// Every write goes through it (group commit); the pool's connections only read.
+    writer: Arc<writer::Writer>,
     /// The database file.
-    file: Arc<std::path::PathBuf>,
+    file: std::path::PathBuf,
 }
 
 impl Store {
@@ -213,11 +244,13 @@ impl Store {
         drop(held);
         let key = Arc::new(secrets::SecretKey::load(data_dir)?);
         let store = Store {
-            pool,
-            writer,
+            db: Db::Sqlite(Arc::new(Sqlite {
+                pool,
+                writer,
+                file: file.clone(),
+            })),
             health,
             key,
-            file: Arc::new(file.clone()),
         };
         store.check(&file).await?;
         store.seal_plaintext_secrets().await?;
@@ -225,14 +258,40 @@ impl Store {
         Ok(store)
     }
 
+    /// Connects to the PostgreSQL database at `url`, whose schema `pxed migrate` has
+    /// brought to this binary's version; BMC passwords are sealed with the key in
+    /// `data_dir` (the same key on every instance that shares the database).
+    pub async fn open_postgres(url: &str, data_dir: &Path) -> Result<Store, StoreError> {
+        create_data_dir(data_dir)?;
+        let pg = store_pg::PgStore::connect(url, PG_POOL_SIZE).await?;
+        let have = pg.schema_version().await?;
+        let want = store_pg::latest_version();
+        if have != want {
+            return Err(StoreError::Schema {
+                server: pg.describe().await?.server,
+                have,
+                want,
+            });
+        }
+        let key = Arc::new(secrets::SecretKey::load(data_dir)?);
+        Ok(Store {
+            db: Db::Postgres(pg),
+            health: Arc::new(StoreHealth::default()),
+            key,
+        })
+    }
+
     /// Which database this is and its role, for `/healthz`: with SQLite, one local
     /// file that is its own primary (no replica to reach).
     pub async fn describe(&self) -> Result<String, StoreError> {
-        Ok(format!(
-            "sqlite {}, primary (one local file, no replica), schema version {}",
-            self.file.display(),
-            self.schema_version().await?
-        ))
+        match &self.db {
+            Db::Sqlite(lite) => Ok(format!(
+                "sqlite {}, primary (one local file, no replica), schema version {}",
+                lite.file.display(),
+                self.schema_version().await?
+            )),
+            Db::Postgres(pg) => Ok(pg.describe().await?.to_string()),
+        }
     }
 
     /// Start-up checks: the file passes SQLite's quick integrity check and takes a
@@ -240,7 +299,7 @@ impl Store {
     /// of serving boot scripts that claim writes which never happen.
     async fn check(&self, file: &Path) -> Result<(), StoreError> {
         let verdict: Vec<String> = sqlx::query_scalar("PRAGMA quick_check")
-            .fetch_all(&self.pool)
+            .fetch_all(self.pool()?)
             .await?;
         if verdict != ["ok"] {
             return Err(StoreError::Corrupt {
@@ -288,7 +347,20 @@ impl Store {
 
     /// Begins a write: every change to the database goes through one (see [`Write`]).
     pub(crate) async fn write(&self) -> Result<Write, StoreError> {
-        self.writer.begin().await
+        self.lite("this write")?.writer.begin().await
+    }
+
+    /// The SQLite backend, or an error naming what is not available on PostgreSQL yet.
+    fn lite(&self, what: &'static str) -> Result<&Sqlite, StoreError> {
+        match &self.db {
+            Db::Sqlite(lite) => Ok(lite),
+            Db::Postgres(_) => Err(StoreError::NotOnPostgres(what)),
+        }
+    }
+
+    /// The SQLite read pool (see [`Store::lite`]).
+    fn pool(&self) -> Result<&SqlitePool, StoreError> {
+        Ok(&self.lite("this query")?.pool)
     }
 
     /// Runs one statement as a write of its own.
@@ -312,8 +384,13 @@ impl Store {
 
     /// Closes the pool (last step of shutdown).
     pub async fn close(&self) {
-        self.writer.close().await;
-        self.pool.close().await;
+        match &self.db {
+            Db::Sqlite(lite) => {
+                lite.writer.close().await;
+                lite.pool.close().await;
+            }
+            Db::Postgres(pg) => pg.close().await,
+        }
     }
 }
 
@@ -408,6 +485,22 @@ pub(crate) fn test_pg_database() -> (String, String) {
         .expect("create a database")
 }
 
+/// One store of each backend, each new and empty, for tests that must hold on both:
+/// SQLite in `dir`, PostgreSQL on a new database of the test cluster (migrated) with
+/// its key in `dir/pg`.
+#[cfg(test)]
+pub(crate) async fn test_stores(dir: &Path) -> [Store; 2] {
+    let lite = Store::open(&dir.join("sqlite")).await.expect("open sqlite");
+    let (_, url) = test_pg_database();
+    let pg = store_pg::PgStore::connect(&url, 1).await.expect("connect");
+    pg.migrate().await.expect("migrate");
+    pg.close().await;
+    let pg = Store::open_postgres(&url, &dir.join("pg"))
+        .await
+        .expect("open postgres");
+    [lite, pg]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,7 +562,7 @@ mod tests {
         };
         let id = store.create_node(&n, "test").await.unwrap();
         let raw: String = sqlx::query_scalar("SELECT password FROM bmc_secrets")
-            .fetch_one(&store.pool)
+            .fetch_one(store.pool().unwrap())
             .await
             .unwrap();
         assert!(raw.starts_with("v1:") && !raw.contains("s3cret"), "{raw}");
@@ -485,7 +578,7 @@ mod tests {
         store.close().await;
         let store = Store::open(dir.path()).await.unwrap();
         let raw: String = sqlx::query_scalar("SELECT password FROM bmc_secrets")
-            .fetch_one(&store.pool)
+            .fetch_one(store.pool().unwrap())
             .await
             .unwrap();
         assert!(raw.starts_with("v1:"), "{raw}");

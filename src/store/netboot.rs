@@ -97,7 +97,7 @@ impl Store {
             id,
             generation
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?;
         Ok(row
             .map(|r| Netboot {
@@ -126,7 +126,7 @@ impl Store {
     pub async fn bmc_model(&self, id: i64) -> Result<Option<String>, StoreError> {
         Ok(
             sqlx::query_scalar!("SELECT model FROM bmc_models WHERE node_id = ?", id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.pool()?)
                 .await?,
         )
     }
@@ -160,7 +160,7 @@ impl Store {
             MethodRecord,
             "SELECT model, method, successes, last_success FROM netboot_methods ORDER BY model, last_success DESC"
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 }

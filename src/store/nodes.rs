@@ -138,7 +138,7 @@ impl Store {
             "SELECT key FROM node_ssh_keys WHERE node_id = ? ORDER BY position",
             node_id
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 
@@ -174,7 +174,7 @@ impl Store {
     pub async fn node(&self, id: i64) -> Result<Option<NodeRow>, StoreError> {
         Ok(
             sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.pool()?)
                 .await?,
         )
     }
@@ -195,7 +195,7 @@ impl Store {
             reference,
             reference
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?)
     }
 
@@ -206,7 +206,7 @@ impl Store {
             r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
             mac
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?)
     }
 
@@ -215,7 +215,7 @@ impl Store {
     pub async fn node_by_credential(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
         Ok(
             sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ? OR agent_token = ?"#, token, token)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.pool()?)
                 .await?,
         )
     }
@@ -223,7 +223,7 @@ impl Store {
     /// All nodes, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
-            .fetch_all(&self.pool)
+            .fetch_all(self.pool()?)
             .await?)
     }
 
@@ -235,7 +235,7 @@ impl Store {
             r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
             states
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 
@@ -250,7 +250,7 @@ impl Store {
     ) -> Result<Vec<(NodeRow, Vec<Mac>)>, StoreError> {
         let limit = i64::from(limit);
         let nodes = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id > ? AND (? IS NULL OR state = ?) ORDER BY id LIMIT ?"#, after, state, state, limit)
-            .fetch_all(&self.pool)
+            .fetch_all(self.pool()?)
             .await?;
         let Some(last) = nodes.last().map(|n| n.id) else {
             return Ok(vec![]);
@@ -261,7 +261,7 @@ impl Store {
             after,
             last
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         let mut macs: std::collections::HashMap<i64, Vec<Mac>> = Default::default();
         for i in ifaces {
@@ -281,7 +281,7 @@ impl Store {
         let rows = sqlx::query!(
             r#"SELECT state AS "state: State", COUNT(*) AS "n!: i64" FROM nodes GROUP BY state"#
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         let mut counts: Vec<(State, i64)> = rows.into_iter().map(|r| (r.state, r.n)).collect();
         counts.sort_by_key(|(s, _)| State::ALL.iter().position(|x| x == s));
@@ -294,7 +294,7 @@ impl Store {
             r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
             node_id
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 
@@ -310,7 +310,7 @@ impl Store {
             r#"SELECT id, node_id, generation, from_state AS "from_state: _", event, to_state AS "to_state: _", at, actor, detail FROM node_events WHERE node_id = ? ORDER BY id"#,
             node_id
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 
@@ -318,7 +318,7 @@ impl Store {
     pub async fn bmc(&self, node_id: i64) -> Result<Option<BmcRow>, StoreError> {
         Ok(
             sqlx::query_as!(BmcRow, r#"SELECT node_id, driver AS "driver: _", address, username, system_id, tls_pin, tls_insecure AS "tls_insecure: _" FROM bmcs WHERE node_id = ?"#, node_id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.pool()?)
                 .await?,
         )
     }
@@ -330,7 +330,7 @@ impl Store {
             "SELECT password FROM bmc_secrets WHERE node_id = ?",
             node_id
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?;
         Ok(stored.map(|s| self.key.open(node_id, &s)).transpose()?)
     }
@@ -338,7 +338,7 @@ impl Store {
     /// Seals passwords stored in plain text by a pxed from before sealing.
     pub(super) async fn seal_plaintext_secrets(&self) -> Result<(), StoreError> {
         let rows = sqlx::query!("SELECT node_id, password FROM bmc_secrets")
-            .fetch_all(&self.pool)
+            .fetch_all(self.pool()?)
             .await?;
         let mut sealed = 0;
         for r in rows {
@@ -396,7 +396,7 @@ impl Store {
     pub async fn hostname_taken(&self, hostname: &str) -> Result<bool, StoreError> {
         Ok(
             sqlx::query_scalar!("SELECT COUNT(*) FROM nodes WHERE hostname = ?", hostname)
-                .fetch_one(&self.pool)
+                .fetch_one(self.pool()?)
                 .await?
                 > 0,
         )
@@ -406,7 +406,7 @@ impl Store {
     pub async fn hostnames(&self) -> Result<Vec<String>, StoreError> {
         Ok(
             sqlx::query_scalar!("SELECT hostname FROM nodes WHERE hostname IS NOT NULL")
-                .fetch_all(&self.pool)
+                .fetch_all(self.pool()?)
                 .await?
                 .into_iter()
                 .flatten()
@@ -420,7 +420,7 @@ impl Store {
             "SELECT node_id, response FROM idempotency WHERE key = ?",
             key
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?
         .map(|r| (r.node_id, r.response)))
     }
@@ -787,7 +787,7 @@ impl Store {
             r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE mac IN (SELECT value FROM json_each(?))"#,
             list
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?
         .into_iter()
         .collect();
@@ -813,7 +813,7 @@ impl Store {
             cycle,
             list
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         Ok(rows
             .into_iter()
@@ -831,7 +831,7 @@ impl Store {
     pub async fn pending_discovered(&self) -> Result<u64, StoreError> {
         let state = State::Discovered;
         let n = sqlx::query_scalar!("SELECT COUNT(*) FROM nodes WHERE state = ?", state)
-            .fetch_one(&self.pool)
+            .fetch_one(self.pool()?)
             .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }

@@ -21,7 +21,7 @@ async fn sqlite_columns(store: &Store) -> Vec<Col> {
               AND m.name <> '_sqlx_migrations'
             ORDER BY m.name, p.cid"#,
     )
-    .fetch_all(&store.pool)
+    .fetch_all(store.pool().unwrap())
     .await
     .unwrap();
     rows.into_iter()
@@ -92,7 +92,7 @@ async fn the_sqlite_and_postgresql_schemas_agree() {
     let sqlite_indexes: BTreeSet<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL",
     )
-    .fetch_all(&store.pool)
+    .fetch_all(store.pool().unwrap())
     .await
     .unwrap()
     .into_iter()

@@ -110,7 +110,7 @@ impl Store {
                FROM node_stages WHERE node_id = ? ORDER BY generation, at"#,
             node_id
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 
@@ -127,7 +127,7 @@ impl Store {
             node_id,
             generation
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 
@@ -143,7 +143,7 @@ impl Store {
                  ON n.id = s.node_id AND s.generation = n.generation
                WHERE n.state IN ('reclaiming', 'netbooting', 'installing', 'first_boot')"#
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         let mut out: std::collections::HashMap<i64, (Stage, String)> = Default::default();
         for r in rows {
@@ -168,7 +168,7 @@ impl Store {
                WHERE n.state IN ('reclaiming', 'netbooting', 'installing', 'first_boot', 'failed')
                ORDER BY n.id, s.at"#
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?;
         let mut out: Vec<Tracked> = Vec::new();
         for r in rows {
@@ -216,7 +216,7 @@ impl Store {
                ORDER BY r.id"#,
             since
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool()?)
         .await?)
     }
 }

@@ -103,7 +103,7 @@ impl Store {
     pub async fn webhook_cursor(&self, url: &str) -> Result<i64, StoreError> {
         Ok(
             sqlx::query_scalar!("SELECT last_id FROM webhook_cursors WHERE url = ?", url)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.pool()?)
                 .await?
                 .unwrap_or(0),
         )
@@ -117,7 +117,7 @@ impl Store {
                FROM webhook_outbox WHERE id > ? ORDER BY id LIMIT 1"#,
             after
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool()?)
         .await?)
     }
 

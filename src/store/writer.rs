@@ -315,7 +315,7 @@ mod tests {
 
     async fn keys(store: &Store) -> Vec<i64> {
         sqlx::query_scalar("SELECT k FROM t ORDER BY k")
-            .fetch_all(&store.pool)
+            .fetch_all(store.pool().unwrap())
             .await
             .unwrap()
     }
@@ -331,7 +331,7 @@ mod tests {
     async fn the_pool_refuses_writes() {
         let (_dir, store) = store().await;
         let e = sqlx::query("INSERT INTO t (k) VALUES (1)")
-            .execute(&store.pool)
+            .execute(store.pool().unwrap())
             .await
             .unwrap_err();
         assert!(e.to_string().contains("readonly"), "{e}");
@@ -351,7 +351,7 @@ mod tests {
                     put(&store, k, None).await.unwrap();
                     let seen: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t WHERE k = ?")
                         .bind(k)
-                        .fetch_one(&store.pool)
+                        .fetch_one(store.pool().unwrap())
                         .await
                         .unwrap();
                     assert_eq!(seen, 1, "write {k} not visible after its commit");

@@ -9,6 +9,7 @@
 pub mod cluster;
 pub mod coord;
 pub mod dump;
+pub mod leases;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -19,6 +20,11 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The schema, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The last migration this binary has: the schema version a served database must be at.
+pub fn latest_version() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
 
 /// Errors of the PostgreSQL store. None of them carries the URL's password.
 #[derive(Debug, thiserror::Error)]

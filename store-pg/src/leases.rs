@@ -1,0 +1,156 @@
+//! DHCP leases and reservations on PostgreSQL: the queries behind pxed's
+//! `store::leases` when its database is PostgreSQL. Rows are plain (text addresses,
+//! seconds since the epoch); pxed's store turns them into its own types.
+
+use super::{PgError, PgStore};
+
+/// One row of `leases`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub ip: String,
+    pub mac: String,
+    pub client_id: Option<String>,
+    pub hostname: Option<String>,
+    /// `bound` or `declined`.
+    pub state: String,
+    pub expires_at: i64,
+}
+
+/// One row of `reservations`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationRow {
+    pub mac: String,
+    pub ip: String,
+    pub hostname: Option<String>,
+}
+
+impl PgStore {
+    /// Leases that have not expired at `now`.
+    pub async fn load_leases(&self, now: i64) -> Result<Vec<LeaseRow>, PgError> {
+        Ok(sqlx::query_as!(
+            LeaseRow,
+            "SELECT ip, mac, client_id, hostname, state, expires_at FROM leases
+              WHERE expires_at > $1",
+            now
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Addresses bound at `now` to any MAC of node `node_id`.
+    pub async fn leased_ips(&self, node_id: i64, now: i64) -> Result<Vec<String>, PgError> {
+        Ok(sqlx::query_scalar!(
+            "SELECT ip FROM leases
+              WHERE state = 'bound' AND expires_at > $1
+                AND mac IN (SELECT mac FROM interfaces WHERE node_id = $2)",
+            now,
+            node_id
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Bound leases at `now` whose MAC is no node's: (address, MAC), by address.
+    pub async fn stale_leases(&self, now: i64) -> Result<Vec<(String, String)>, PgError> {
+        let rows = sqlx::query!(
+            r#"SELECT ip, mac FROM leases
+                WHERE state = 'bound' AND expires_at > $1
+                  AND mac NOT IN (SELECT mac FROM interfaces)
+                ORDER BY ip COLLATE "C""#,
+            now
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.ip, r.mac)).collect())
+    }
+
+    /// Deletes the lease of `ip` if its MAC is no node's; false when there is none.
+    pub async fn release_stale_lease(&self, ip: &str) -> Result<bool, PgError> {
+        let r = sqlx::query!(
+            "DELETE FROM leases WHERE ip = $1 AND mac NOT IN (SELECT mac FROM interfaces)",
+            ip
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Upserts `upserts` and deletes `deletes` in one transaction: two statements over
+    /// arrays (`UNNEST`), whatever the batch size. The caller gives each address once.
+    pub async fn commit_leases(
+        &self,
+        upserts: &[LeaseRow],
+        deletes: &[String],
+    ) -> Result<(), PgError> {
+        let mut tx = self.pool.begin().await?;
+        if !deletes.is_empty() {
+            sqlx::query!("DELETE FROM leases WHERE ip = ANY($1)", deletes)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !upserts.is_empty() {
+            let col = |f: fn(&LeaseRow) -> String| upserts.iter().map(f).collect::<Vec<_>>();
+            let opt =
+                |f: fn(&LeaseRow) -> Option<String>| upserts.iter().map(f).collect::<Vec<_>>();
+            let expires: Vec<i64> = upserts.iter().map(|l| l.expires_at).collect();
+            sqlx::query!(
+                "INSERT INTO leases (ip, mac, client_id, hostname, state, expires_at)
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[],
+                                      $5::text[], $6::bigint[])
+                 ON CONFLICT (ip) DO UPDATE SET mac = EXCLUDED.mac,
+                     client_id = EXCLUDED.client_id, hostname = EXCLUDED.hostname,
+                     state = EXCLUDED.state, expires_at = EXCLUDED.expires_at",
+                &col(|l| l.ip.clone()),
+                &col(|l| l.mac.clone()),
+                &opt(|l| l.client_id.clone()) as &[Option<String>],
+                &opt(|l| l.hostname.clone()) as &[Option<String>],
+                &col(|l| l.state.clone()),
+                &expires
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes leases that expired at or before `now`; how many.
+    pub async fn purge_expired_leases(&self, now: i64) -> Result<u64, PgError> {
+        let r = sqlx::query!("DELETE FROM leases WHERE expires_at <= $1", now)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    /// Makes `reservations` equal to `rows`, in one transaction.
+    pub async fn sync_reservations(&self, rows: &[ReservationRow]) -> Result<(), PgError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query!("DELETE FROM reservations")
+            .execute(&mut *tx)
+            .await?;
+        let macs: Vec<String> = rows.iter().map(|r| r.mac.clone()).collect();
+        let ips: Vec<String> = rows.iter().map(|r| r.ip.clone()).collect();
+        let names: Vec<Option<String>> = rows.iter().map(|r| r.hostname.clone()).collect();
+        sqlx::query!(
+            "INSERT INTO reservations (mac, ip, hostname)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[])",
+            &macs,
+            &ips,
+            &names as &[Option<String>]
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The reservations, by MAC.
+    pub async fn reservations(&self) -> Result<Vec<ReservationRow>, PgError> {
+        Ok(sqlx::query_as!(
+            ReservationRow,
+            r#"SELECT mac, ip, hostname FROM reservations ORDER BY mac COLLATE "C""#
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
