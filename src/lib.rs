@@ -23,7 +23,7 @@ pub mod inventory;
 pub mod leftovers;
 pub mod lifecycle;
 pub mod metrics;
-pub mod model;
+pub use pxed_model as model;
 pub mod net;
 pub mod pacing;
 pub mod provision;

@@ -318,19 +318,7 @@ pub struct NodeView {
     pub facts: Option<serde_json::Value>,
 }
 
-/// One row of a node's audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventView {
-    pub id: i64,
-    pub node_id: i64,
-    pub generation: i64,
-    pub from_state: Option<State>,
-    pub event: String,
-    pub to_state: State,
-    pub at: String,
-    pub actor: String,
-    pub detail: Option<String>,
-}
+pub use crate::model::rows::EventView;
 
 /// `GET /api/v1/nodes/{id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,6 +6,8 @@
 //! Each type has `as_str` / `Display` (the stored and shown name), `FromStr` (the
 //! only parser), and serde in the same spelling.
 
+pub mod rows;
+
 use std::fmt;
 use std::str::FromStr;
 

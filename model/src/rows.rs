@@ -1,0 +1,78 @@
+//! Rows both store backends return (SQLite in pxed's `store`, PostgreSQL in
+//! `store-pg`): decoded by sqlx into the domain's types on either.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{AgentToken, BootToken, Driver, Mac, NodeArch, State, Step};
+
+/// A node as stored (no secrets: those live in `bmc_secrets`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct NodeRow {
+    pub id: i64,
+    pub name: Option<String>,
+    pub hostname: Option<String>,
+    pub arch: NodeArch,
+    pub state: State,
+    pub state_since: String,
+    pub version: i64,
+    pub generation: i64,
+    pub attempt: i64,
+    pub image: Option<String>,
+    #[serde(skip)]
+    pub boot_token: Option<BootToken>,
+    /// The first-boot agent's credential for this generation (see [`AgentToken`]).
+    #[serde(skip)]
+    pub agent_token: Option<AgentToken>,
+    /// The address the installer was served to: the only one the boot token is
+    /// accepted from (`None` until then, and whenever the boot token changes).
+    pub boot_ip: Option<String>,
+    pub failed_step: Option<Step>,
+    pub failed_reason: Option<String>,
+    pub facts: Option<String>,
+    pub created_at: String,
+}
+
+/// A node found by its boot MAC (see `Store::nodes_by_boot_macs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootMacNode {
+    pub mac: Mac,
+    pub id: i64,
+    pub state: State,
+    pub generation: i64,
+    /// The power cycle of the current reclaim attempt was recorded as sent.
+    pub cycle_sent: bool,
+}
+
+/// A network interface of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct InterfaceRow {
+    pub mac: Mac,
+    pub node_id: i64,
+    pub is_boot: bool,
+}
+
+/// A BMC endpoint as shown to operators (the password is never part of it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct BmcRow {
+    pub node_id: i64,
+    pub driver: Driver,
+    pub address: String,
+    pub username: String,
+    pub system_id: Option<String>,
+    pub tls_pin: Option<String>,
+    pub tls_insecure: bool,
+}
+
+/// One row of a node's audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventView {
+    pub id: i64,
+    pub node_id: i64,
+    pub generation: i64,
+    pub from_state: Option<State>,
+    pub event: String,
+    pub to_state: State,
+    pub at: String,
+    pub actor: String,
+    pub detail: Option<String>,
+}
