@@ -76,3 +76,31 @@ pub struct EventView {
     pub actor: String,
     pub detail: Option<String>,
 }
+
+/// One row of the audit log, as written.
+#[derive(Debug, Clone, Copy)]
+pub struct Audit<'a> {
+    pub node_id: i64,
+    pub generation: i64,
+    /// The state before (`None` for a registration).
+    pub from: Option<State>,
+    pub event: &'a str,
+    pub to: State,
+    pub actor: &'a str,
+    pub detail: Option<&'a str>,
+}
+
+impl<'a> Audit<'a> {
+    /// An entry with no `from` state and no detail.
+    pub fn new(node_id: i64, generation: i64, event: &'a str, to: State, actor: &'a str) -> Self {
+        Audit {
+            node_id,
+            generation,
+            from: None,
+            event,
+            to,
+            actor,
+            detail: None,
+        }
+    }
+}

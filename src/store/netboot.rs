@@ -36,7 +36,7 @@ impl NodeTx {
             id,
             generation
         )
-        .fetch_optional(&mut *self.tx)
+        .fetch_optional(self.lite("this lifecycle step")?)
         .await?;
         Ok(row
             .map(|r| Netboot {
@@ -66,7 +66,7 @@ impl NodeTx {
             tried,
             n.observed
         )
-        .execute(&mut *self.tx)
+        .execute(self.lite("this lifecycle step")?)
         .await?;
         Ok(())
     }
@@ -79,7 +79,7 @@ impl NodeTx {
              WHERE b.node_id = ? ORDER BY m.last_success DESC, m.successes DESC",
             id
         )
-        .fetch_all(&mut *self.tx)
+        .fetch_all(self.lite("this lifecycle step")?)
         .await?;
         let preferred: Vec<NetbootMethod> = worked
             .iter()

@@ -3,13 +3,13 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::SqliteConnection;
 
-use super::{Store, StoreError};
+use super::{Db, Store, StoreError};
 use crate::model::{Arch, Mac, NodeArch, State};
 
 /// One row of the append-only audit log: the API's view of it, field for field.
 pub type EventRow = crate::wire::EventView;
 
-pub use crate::model::rows::{BmcRow, BootMacNode, InterfaceRow, NodeRow};
+pub use crate::model::rows::{Audit, BmcRow, BootMacNode, InterfaceRow, NodeRow};
 
 /// What registering a node needs.
 #[derive(Debug, Clone)]
@@ -40,43 +40,35 @@ pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
 impl Store {
     /// Registers a node with its interfaces and BMC in one transaction.
     pub async fn create_node(&self, n: &NewNode, actor: &str) -> Result<i64, StoreError> {
-        let mut tx = self.write().await?;
-        let t = now();
-        let id = sqlx::query_scalar!(
-            r#"INSERT INTO nodes (name, arch, state, state_since, created_at)
-               VALUES (?, ?, ?, ?, ?) RETURNING id"#,
-            n.name,
-            n.arch,
-            n.state,
-            t,
-            t
-        )
-        .fetch_one(&mut *tx)
-        .await?;
+        let mut tx = self.begin_node_tx().await?;
+        let id = tx.insert_node(n.name.as_deref(), n.arch, n.state).await?;
         let boot = n.boot_mac.or_else(|| n.macs.first().copied());
         for mac in &n.macs {
-            let is_boot = Some(*mac) == boot;
-            sqlx::query!(
-                "INSERT INTO interfaces (mac, node_id, is_boot) VALUES (?, ?, ?)",
-                mac,
-                id,
-                is_boot
-            )
-            .execute(&mut *tx)
-            .await?;
+            tx.insert_interface(*mac, id, Some(*mac) == boot).await?;
         }
         if let Some((b, password)) = &n.bmc {
-            set_bmc_tx(&mut tx, &self.key, id, b, Some(password)).await?;
+            let sealed = self.key.seal(id, password);
+            tx.set_bmc(
+                &BmcRow {
+                    node_id: id,
+                    ..b.clone()
+                },
+                Some(&sealed),
+            )
+            .await?;
         }
-        set_ssh_keys_tx(&mut tx, id, &n.ssh_authorized_keys).await?;
+        tx.set_ssh_keys(id, &n.ssh_authorized_keys).await?;
         let e = Audit::new(id, 0, "registered", n.state, actor);
-        append_event(&mut tx, &e).await?;
+        tx.append_event(&e).await?;
         tx.commit().await?;
         Ok(id)
     }
 
     /// The node's own SSH authorized keys, in the order they were given.
     pub async fn node_ssh_keys(&self, node_id: i64) -> Result<Vec<String>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.node_ssh_keys(node_id).await?);
+        }
         Ok(sqlx::query_scalar!(
             "SELECT key FROM node_ssh_keys WHERE node_id = ? ORDER BY position",
             node_id
@@ -93,28 +85,25 @@ impl Store {
         keys: &[String],
         actor: &str,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.write().await?;
-        let Some(row) = sqlx::query!(
-            r#"SELECT state AS "state: State", generation FROM nodes WHERE id = ?"#,
-            node_id
-        )
-        .fetch_optional(&mut *tx)
-        .await?
-        else {
+        let mut tx = self.begin_node_tx().await?;
+        let Some(row) = tx.node(node_id).await? else {
             return Ok(false);
         };
-        set_ssh_keys_tx(&mut tx, node_id, keys).await?;
+        tx.set_ssh_keys(node_id, keys).await?;
         let detail = format!("{} key(s); they reach the next install", keys.len());
         let mut e = Audit::new(node_id, row.generation, "ssh_keys_set", row.state, actor);
         e.from = Some(row.state);
         e.detail = Some(&detail);
-        append_event(&mut tx, &e).await?;
+        tx.append_event(&e).await?;
         tx.commit().await?;
         Ok(true)
     }
 
     /// One node by id.
     pub async fn node(&self, id: i64) -> Result<Option<NodeRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.node(id).await?);
+        }
         Ok(
             sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
                 .fetch_optional(self.pool()?)
@@ -132,6 +121,9 @@ impl Store {
         {
             return Ok(Some(n));
         }
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.node_by_name(reference).await?);
+        }
         Ok(sqlx::query_as!(
             NodeRow,
             r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
@@ -144,6 +136,9 @@ impl Store {
 
     /// The node owning `mac` (normalized).
     pub async fn node_by_mac(&self, mac: Mac) -> Result<Option<NodeRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.node_by_mac(mac).await?);
+        }
         Ok(sqlx::query_as!(
             NodeRow,
             r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
@@ -156,6 +151,9 @@ impl Store {
     /// The node whose current boot token or agent token is `token` (the caller tells
     /// which by comparing; both are unique and random, so at most one node matches).
     pub async fn node_by_credential(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.node_by_credential(token).await?);
+        }
         Ok(
             sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ? OR agent_token = ?"#, token, token)
                 .fetch_optional(self.pool()?)
@@ -165,6 +163,9 @@ impl Store {
 
     /// All nodes, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.nodes().await?);
+        }
         Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
             .fetch_all(self.pool()?)
             .await?)
@@ -172,6 +173,9 @@ impl Store {
 
     /// Nodes in any of `states` (those with deadlines are re-armed on start).
     pub async fn nodes_in_states(&self, states: &[State]) -> Result<Vec<NodeRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.nodes_in_states(states).await?);
+        }
         let states = serde_json::json!(states).to_string();
         Ok(sqlx::query_as!(
             NodeRow,
@@ -192,6 +196,14 @@ impl Store {
         state: Option<State>,
     ) -> Result<Vec<(NodeRow, Vec<Mac>)>, StoreError> {
         let limit = i64::from(limit);
+        if let Db::Postgres(pg) = &self.db {
+            let nodes = pg.nodes_after(after, limit, state).await?;
+            let Some(last) = nodes.last().map(|n| n.id) else {
+                return Ok(vec![]);
+            };
+            let ifaces = pg.interfaces_between(after, last).await?;
+            return Ok(with_macs(nodes, ifaces));
+        }
         let nodes = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id > ? AND (? IS NULL OR state = ?) ORDER BY id LIMIT ?"#, after, state, state, limit)
             .fetch_all(self.pool()?)
             .await?;
@@ -206,33 +218,31 @@ impl Store {
         )
         .fetch_all(self.pool()?)
         .await?;
-        let mut macs: std::collections::HashMap<i64, Vec<Mac>> = Default::default();
-        for i in ifaces {
-            macs.entry(i.node_id).or_default().push(i.mac);
-        }
-        Ok(nodes
-            .into_iter()
-            .map(|n| {
-                let m = macs.remove(&n.id).unwrap_or_default();
-                (n, m)
-            })
-            .collect())
+        Ok(with_macs(nodes, ifaces))
     }
 
     /// How many nodes are in each state (states with none left out).
     pub async fn state_counts(&self) -> Result<Vec<(State, i64)>, StoreError> {
-        let rows = sqlx::query!(
-            r#"SELECT state AS "state: State", COUNT(*) AS "n!: i64" FROM nodes GROUP BY state"#
-        )
-        .fetch_all(self.pool()?)
-        .await?;
-        let mut counts: Vec<(State, i64)> = rows.into_iter().map(|r| (r.state, r.n)).collect();
+        let mut counts: Vec<(State, i64)> = match &self.db {
+            Db::Postgres(pg) => pg.state_counts().await?,
+            Db::Sqlite(_) => sqlx::query!(
+                r#"SELECT state AS "state: State", COUNT(*) AS "n!: i64" FROM nodes GROUP BY state"#
+            )
+            .fetch_all(self.pool()?)
+            .await?
+            .into_iter()
+            .map(|r| (r.state, r.n))
+            .collect(),
+        };
         counts.sort_by_key(|(s, _)| State::ALL.iter().position(|x| x == s));
         Ok(counts)
     }
 
     /// The MACs of a node, boot MAC first.
     pub async fn macs(&self, node_id: i64) -> Result<Vec<Mac>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.macs(node_id).await?);
+        }
         Ok(sqlx::query_scalar!(
             r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
             node_id
@@ -248,6 +258,9 @@ impl Store {
 
     /// The audit log of a node, oldest first.
     pub async fn events(&self, node_id: i64) -> Result<Vec<EventRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.events(node_id).await?);
+        }
         Ok(sqlx::query_as!(
             EventRow,
             r#"SELECT id, node_id, generation, from_state AS "from_state: _", event, to_state AS "to_state: _", at, actor, detail FROM node_events WHERE node_id = ? ORDER BY id"#,
@@ -259,6 +272,9 @@ impl Store {
 
     /// The BMC endpoint of a node (without secret).
     pub async fn bmc(&self, node_id: i64) -> Result<Option<BmcRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.bmc(node_id).await?);
+        }
         Ok(
             sqlx::query_as!(BmcRow, r#"SELECT node_id, driver AS "driver: _", address, username, system_id, tls_pin, tls_insecure AS "tls_insecure: _" FROM bmcs WHERE node_id = ?"#, node_id)
                 .fetch_optional(self.pool()?)
@@ -269,12 +285,17 @@ impl Store {
     /// The BMC password of a node, opened with the secret key. Only the BMC worker
     /// calls this.
     pub async fn bmc_secret(&self, node_id: i64) -> Result<Option<String>, StoreError> {
-        let stored = sqlx::query_scalar!(
-            "SELECT password FROM bmc_secrets WHERE node_id = ?",
-            node_id
-        )
-        .fetch_optional(self.pool()?)
-        .await?;
+        let stored = match &self.db {
+            Db::Postgres(pg) => pg.bmc_secret(node_id).await?,
+            Db::Sqlite(_) => {
+                sqlx::query_scalar!(
+                    "SELECT password FROM bmc_secrets WHERE node_id = ?",
+                    node_id
+                )
+                .fetch_optional(self.pool()?)
+                .await?
+            }
+        };
         Ok(stored.map(|s| self.key.open(node_id, &s)).transpose()?)
     }
 
@@ -305,6 +326,9 @@ impl Store {
 
     /// Stores the TLS fingerprint pinned on first use.
     pub async fn pin_bmc_cert(&self, node_id: i64, pin: &str) -> Result<(), StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.pin_bmc_cert(node_id, pin).await?);
+        }
         self.write_one(sqlx::query!(
             "UPDATE bmcs SET tls_pin = ? WHERE node_id = ?",
             pin,
@@ -316,27 +340,25 @@ impl Store {
 
     /// Deletes a node (its interfaces, BMC and secrets go with it; the audit log stays).
     pub async fn delete_node(&self, id: i64, actor: &str) -> Result<bool, StoreError> {
-        let mut tx = self.write().await?;
-        let Some(n) = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
-            .fetch_optional(&mut *tx)
-            .await?
-        else {
+        let mut tx = self.begin_node_tx().await?;
+        let Some(n) = tx.node(id).await? else {
             return Ok(false);
         };
-        sqlx::query!("DELETE FROM nodes WHERE id = ?", id)
-            .execute(&mut *tx)
-            .await?;
+        tx.delete_node(id).await?;
         let e = Audit {
             from: Some(n.state),
             ..Audit::new(id, n.generation, "deleted", n.state, actor)
         };
-        append_event(&mut tx, &e).await?;
+        tx.append_event(&e).await?;
         tx.commit().await?;
         Ok(true)
     }
 
     /// Whether a hostname is used by any node.
     pub async fn hostname_taken(&self, hostname: &str) -> Result<bool, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.hostname_taken(hostname).await?);
+        }
         Ok(
             sqlx::query_scalar!("SELECT COUNT(*) FROM nodes WHERE hostname = ?", hostname)
                 .fetch_one(self.pool()?)
@@ -347,6 +369,9 @@ impl Store {
 
     /// All hostnames in use.
     pub async fn hostnames(&self) -> Result<Vec<String>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.hostnames().await?);
+        }
         Ok(
             sqlx::query_scalar!("SELECT hostname FROM nodes WHERE hostname IS NOT NULL")
                 .fetch_all(self.pool()?)
@@ -359,6 +384,9 @@ impl Store {
 
     /// A stored idempotent answer.
     pub async fn idempotent(&self, key: &str) -> Result<Option<(i64, String)>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.idempotent(key).await?);
+        }
         Ok(sqlx::query!(
             "SELECT node_id, response FROM idempotency WHERE key = ?",
             key
@@ -373,22 +401,131 @@ impl Store {
 /// never both read a version and then race to write it): the lifecycle's only way into
 /// the store. Dropped without [`NodeTx::commit`], it rolls back.
 pub struct NodeTx {
-    pub(super) tx: super::Write,
+    tx: Tx,
+}
+
+/// A [`NodeTx`] on its backend.
+enum Tx {
+    Lite(super::Write),
+    Pg(store_pg::nodes::PgTx),
 }
 
 impl Store {
     /// Starts a lifecycle write transaction.
     pub async fn begin_node_tx(&self) -> Result<NodeTx, StoreError> {
-        Ok(NodeTx {
-            tx: self.write().await?,
-        })
+        let tx = match &self.db {
+            Db::Postgres(pg) => Tx::Pg(pg.begin().await?),
+            Db::Sqlite(_) => Tx::Lite(self.write().await?),
+        };
+        Ok(NodeTx { tx })
     }
 }
 
 impl NodeTx {
+    /// The SQLite connection of this transaction, or an error naming what is not
+    /// available on PostgreSQL yet.
+    pub(super) fn lite(&mut self, what: &'static str) -> Result<&mut SqliteConnection, StoreError> {
+        match &mut self.tx {
+            Tx::Lite(w) => Ok(w),
+            Tx::Pg(_) => Err(StoreError::NotOnPostgres(what)),
+        }
+    }
+
     /// The node, as this transaction sees it.
     pub async fn node(&mut self, id: i64) -> Result<Option<NodeRow>, StoreError> {
-        node_tx(&mut self.tx, id).await
+        match &mut self.tx {
+            Tx::Lite(w) => node_tx(w, id).await,
+            Tx::Pg(t) => Ok(t.node(id).await?),
+        }
+    }
+
+    /// Inserts a node row (created now); its id.
+    async fn insert_node(
+        &mut self,
+        name: Option<&str>,
+        arch: NodeArch,
+        state: State,
+    ) -> Result<i64, StoreError> {
+        let t = now();
+        match &mut self.tx {
+            Tx::Pg(p) => Ok(p.insert_node(name, arch, state, &t).await?),
+            Tx::Lite(w) => Ok(sqlx::query_scalar!(
+                r#"INSERT INTO nodes (name, arch, state, state_since, created_at)
+                   VALUES (?, ?, ?, ?, ?) RETURNING id"#,
+                name,
+                arch,
+                state,
+                t,
+                t
+            )
+            .fetch_one(&mut **w)
+            .await?),
+        }
+    }
+
+    /// Inserts an interface of `node_id`.
+    async fn insert_interface(
+        &mut self,
+        mac: Mac,
+        node_id: i64,
+        is_boot: bool,
+    ) -> Result<(), StoreError> {
+        match &mut self.tx {
+            Tx::Pg(p) => Ok(p.insert_interface(mac, node_id, is_boot).await?),
+            Tx::Lite(w) => {
+                sqlx::query!(
+                    "INSERT INTO interfaces (mac, node_id, is_boot) VALUES (?, ?, ?)",
+                    mac,
+                    node_id,
+                    is_boot
+                )
+                .execute(&mut **w)
+                .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The node that has `mac`, if any.
+    async fn node_of_mac(&mut self, mac: Mac) -> Result<Option<i64>, StoreError> {
+        match &mut self.tx {
+            Tx::Pg(p) => Ok(p.node_of_mac(mac).await?),
+            Tx::Lite(w) => Ok(sqlx::query_scalar!(
+                "SELECT node_id FROM interfaces WHERE mac = ?",
+                mac
+            )
+            .fetch_optional(&mut **w)
+            .await?),
+        }
+    }
+
+    /// Sets a BMC endpoint (`b.node_id`'s) and, if given, its sealed password.
+    async fn set_bmc(&mut self, b: &BmcRow, sealed: Option<&str>) -> Result<(), StoreError> {
+        match &mut self.tx {
+            Tx::Pg(p) => Ok(p.set_bmc(b, sealed).await?),
+            Tx::Lite(w) => set_bmc_tx(w, b, sealed).await,
+        }
+    }
+
+    /// Replaces the node's own SSH keys.
+    async fn set_ssh_keys(&mut self, node_id: i64, keys: &[String]) -> Result<(), StoreError> {
+        match &mut self.tx {
+            Tx::Pg(p) => Ok(p.set_ssh_keys(node_id, keys).await?),
+            Tx::Lite(w) => set_ssh_keys_tx(w, node_id, keys).await,
+        }
+    }
+
+    /// Deletes a node (its interfaces, BMC and secrets go with it).
+    async fn delete_node(&mut self, id: i64) -> Result<(), StoreError> {
+        match &mut self.tx {
+            Tx::Pg(p) => Ok(p.delete_node(id).await?),
+            Tx::Lite(w) => {
+                sqlx::query!("DELETE FROM nodes WHERE id = ?", id)
+                    .execute(&mut **w)
+                    .await?;
+                Ok(())
+            }
+        }
     }
 
     /// Whether the node's first boot of `generation` was reported already.
@@ -397,13 +534,17 @@ impl NodeTx {
         id: i64,
         generation: i64,
     ) -> Result<bool, StoreError> {
+        let w = match &mut self.tx {
+            Tx::Pg(p) => return Ok(p.first_boot_reported(id, generation).await?),
+            Tx::Lite(w) => w,
+        };
         let n = sqlx::query_scalar!(
             r#"SELECT COUNT(*) FROM node_events
                WHERE node_id = ? AND generation = ? AND event = 'first_boot_reported'"#,
             id,
             generation
         )
-        .fetch_one(&mut *self.tx)
+        .fetch_one(&mut **w)
         .await?;
         Ok(n > 0)
     }
@@ -415,12 +556,18 @@ impl NodeTx {
         n: &NodeRow,
         expected_version: i64,
     ) -> Result<bool, StoreError> {
-        update_node_tx(&mut self.tx, n, expected_version).await
+        match &mut self.tx {
+            Tx::Lite(w) => update_node_tx(w, n, expected_version).await,
+            Tx::Pg(p) => Ok(p.update_node(n, expected_version).await?),
+        }
     }
 
     /// Appends one audit row.
     pub async fn append_event(&mut self, e: &Audit<'_>) -> Result<(), StoreError> {
-        append_event(&mut self.tx, e).await
+        match &mut self.tx {
+            Tx::Lite(w) => append_event(w, e).await,
+            Tx::Pg(p) => Ok(p.append_event(e, &now()).await?),
+        }
     }
 
     /// Records an idempotency key's answer with the change that produced it.
@@ -430,12 +577,18 @@ impl NodeTx {
         node_id: i64,
         response: &str,
     ) -> Result<(), StoreError> {
-        put_idempotent(&mut self.tx, key, node_id, response).await
+        match &mut self.tx {
+            Tx::Lite(w) => put_idempotent(w, key, node_id, response).await,
+            Tx::Pg(p) => Ok(p.put_idempotent(key, node_id, response, &now()).await?),
+        }
     }
 
     /// The node's boot NIC.
     pub async fn boot_mac(&mut self, id: i64) -> Result<Option<Mac>, StoreError> {
-        boot_mac_tx(&mut self.tx, id).await
+        match &mut self.tx {
+            Tx::Lite(w) => boot_mac_tx(w, id).await,
+            Tx::Pg(p) => Ok(p.boot_mac(id).await?),
+        }
     }
 
     /// The hostnames in use among `exact`, and those starting with `stem` (one
@@ -448,6 +601,10 @@ impl NodeTx {
     ) -> Result<Vec<String>, StoreError> {
         // Generated names are [a-z0-9-]; every name starting with `stem` sorts below
         // `stem` + '~'.
+        let w = match &mut self.tx {
+            Tx::Pg(p) => return Ok(p.hostnames_among(exact, stem).await?),
+            Tx::Lite(w) => w,
+        };
         let upper = format!("{stem}~");
         Ok(sqlx::query_scalar!(
             "SELECT hostname FROM nodes WHERE hostname IN (?, ?, ?) \
@@ -458,7 +615,7 @@ impl NodeTx {
             stem,
             upper
         )
-        .fetch_all(&mut *self.tx)
+        .fetch_all(&mut **w)
         .await?
         .into_iter()
         .flatten()
@@ -467,8 +624,26 @@ impl NodeTx {
 
     /// Commits.
     pub async fn commit(self) -> Result<(), StoreError> {
-        self.tx.commit().await
+        match self.tx {
+            Tx::Lite(w) => w.commit().await,
+            Tx::Pg(p) => Ok(p.commit().await?),
+        }
     }
+}
+
+/// Each node with its MACs (`ifaces` ordered by node, boot NIC first).
+fn with_macs(nodes: Vec<NodeRow>, ifaces: Vec<InterfaceRow>) -> Vec<(NodeRow, Vec<Mac>)> {
+    let mut macs: std::collections::HashMap<i64, Vec<Mac>> = Default::default();
+    for i in ifaces {
+        macs.entry(i.node_id).or_default().push(i.mac);
+    }
+    nodes
+        .into_iter()
+        .map(|n| {
+            let m = macs.remove(&n.id).unwrap_or_default();
+            (n, m)
+        })
+        .collect()
 }
 
 /// Loads a node inside a transaction.
@@ -525,42 +700,14 @@ impl Store {
         actor: &str,
         detail: &str,
     ) -> Result<(), StoreError> {
-        let mut w = self.write().await?;
+        let mut tx = self.begin_node_tx().await?;
         let e = Audit {
             from: Some(state),
             detail: Some(detail),
             ..Audit::new(node_id, generation, event, state, actor)
         };
-        append_event(&mut w, &e).await?;
-        w.commit().await
-    }
-}
-
-/// One row of the audit log, as written.
-#[derive(Debug, Clone, Copy)]
-pub struct Audit<'a> {
-    pub node_id: i64,
-    pub generation: i64,
-    /// The state before (`None` for a registration).
-    pub from: Option<State>,
-    pub event: &'a str,
-    pub to: State,
-    pub actor: &'a str,
-    pub detail: Option<&'a str>,
-}
-
-impl<'a> Audit<'a> {
-    /// An entry with no `from` state and no detail.
-    pub fn new(node_id: i64, generation: i64, event: &'a str, to: State, actor: &'a str) -> Self {
-        Audit {
-            node_id,
-            generation,
-            from: None,
-            event,
-            to,
-            actor,
-            detail: None,
-        }
+        tx.append_event(&e).await?;
+        tx.commit().await
     }
 }
 
@@ -640,11 +787,10 @@ async fn set_ssh_keys_tx(
 
 async fn set_bmc_tx(
     tx: &mut SqliteConnection,
-    key: &super::secrets::SecretKey,
-    node_id: i64,
     b: &BmcRow,
-    password: Option<&String>,
+    sealed: Option<&str>,
 ) -> Result<(), StoreError> {
+    let node_id = b.node_id;
     sqlx::query!(
         r#"INSERT INTO bmcs (node_id, driver, address, username, system_id, tls_pin, tls_insecure)
            VALUES (?, ?, ?, ?, ?, ?, ?)
@@ -661,8 +807,7 @@ async fn set_bmc_tx(
     )
     .execute(&mut *tx)
     .await?;
-    if let Some(p) = password {
-        let p = key.seal(node_id, p);
+    if let Some(p) = sealed {
         sqlx::query!(
             r#"INSERT INTO bmc_secrets (node_id, password) VALUES (?, ?)
                ON CONFLICT (node_id) DO UPDATE SET password = excluded.password"#,
@@ -683,40 +828,21 @@ impl Store {
         &self,
         seen: &[(Mac, Option<Arch>)],
     ) -> Result<Vec<(i64, Mac)>, StoreError> {
-        let mut tx = self.write().await?;
+        let mut tx = self.begin_node_tx().await?;
         let mut created = Vec::new();
-        let t = now();
         for (mac, arch) in seen {
-            let known = sqlx::query_scalar!("SELECT node_id FROM interfaces WHERE mac = ?", mac)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if known.is_some() {
+            if tx.node_of_mac(*mac).await?.is_some() {
                 continue;
             }
             let arch = NodeArch(*arch);
             let state = State::Discovered;
-            let id = sqlx::query_scalar!(
-                r#"INSERT INTO nodes (arch, state, state_since, created_at)
-                   VALUES (?, ?, ?, ?) RETURNING id"#,
-                arch,
-                state,
-                t,
-                t
-            )
-            .fetch_one(&mut *tx)
-            .await?;
-            sqlx::query!(
-                "INSERT INTO interfaces (mac, node_id, is_boot) VALUES (?, ?, 1)",
-                mac,
-                id
-            )
-            .execute(&mut *tx)
-            .await?;
+            let id = tx.insert_node(None, arch, state).await?;
+            tx.insert_interface(*mac, id, true).await?;
             let e = Audit {
                 detail: Some(arch.as_str()),
                 ..Audit::new(id, 0, "registered", state, "discovery")
             };
-            append_event(&mut tx, &e).await?;
+            tx.append_event(&e).await?;
             created.push((id, *mac));
         }
         tx.commit().await?;
@@ -725,15 +851,20 @@ impl Store {
 
     /// Which of `macs` belong to no node.
     pub async fn unknown_macs(&self, macs: &[Mac]) -> Result<Vec<Mac>, StoreError> {
-        let list = serde_json::json!(macs).to_string();
-        let known: std::collections::HashSet<Mac> = sqlx::query_scalar!(
+        let known: std::collections::HashSet<Mac> = match &self.db {
+            Db::Postgres(pg) => pg.known_macs(macs).await?.into_iter().collect(),
+            Db::Sqlite(_) => {
+                let list = serde_json::json!(macs).to_string();
+                sqlx::query_scalar!(
             r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE mac IN (SELECT value FROM json_each(?))"#,
             list
         )
         .fetch_all(self.pool()?)
         .await?
         .into_iter()
-        .collect();
+        .collect()
+            }
+        };
         Ok(macs
             .iter()
             .copied()
@@ -744,6 +875,9 @@ impl Store {
     /// The nodes whose boot MAC is one of `macs`, and whether the power cycle of their
     /// current reclaim attempt was sent already (`bmc_intents`).
     pub async fn nodes_by_boot_macs(&self, macs: &[Mac]) -> Result<Vec<BootMacNode>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.nodes_by_boot_macs(macs).await?);
+        }
         let list = serde_json::json!(macs).to_string();
         let cycle = crate::model::BmcStep::PowerCycle;
         let rows = sqlx::query!(
@@ -772,6 +906,9 @@ impl Store {
 
     /// How many nodes are `discovered` (seen, not enrolled).
     pub async fn pending_discovered(&self) -> Result<u64, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(u64::try_from(pg.count_in_state(State::Discovered).await?).unwrap_or(0));
+        }
         let state = State::Discovered;
         let n = sqlx::query_scalar!("SELECT COUNT(*) FROM nodes WHERE state = ?", state)
             .fetch_one(self.pool()?)
@@ -781,6 +918,9 @@ impl Store {
 
     /// Records the architecture a node reported (DHCP option 93 or the agent).
     pub async fn set_arch(&self, id: i64, arch: Arch) -> Result<(), StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.set_arch(id, arch).await?);
+        }
         self.write_one(sqlx::query!(
             "UPDATE nodes SET arch = ? WHERE id = ?",
             arch,
@@ -804,6 +944,224 @@ async fn boot_mac_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<Mac>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Everything a node's registration, lookups, lifecycle writes, discovery and
+    /// deletion return, with the clock's fields blanked: the same on both backends.
+    async fn node_transcript(s: &Store) -> Vec<String> {
+        use crate::model::Driver;
+        let mut out = Vec::new();
+        let mut log = |what: &str, v: &dyn std::fmt::Debug| out.push(format!("{what}: {v:?}"));
+        let mac = |n: u8| Mac([0x52, 0x54, 0, 0, 0, n]);
+        let bmc = BmcRow {
+            node_id: 0,
+            driver: Driver::Redfish,
+            address: "https://10.0.0.9".into(),
+            username: "root".into(),
+            system_id: Some("1".into()),
+            tls_pin: None,
+            tls_insecure: true,
+        };
+        let new = NewNode {
+            name: Some("rack1-a".into()),
+            arch: NodeArch(Some(Arch::Arm64)),
+            state: State::Available,
+            macs: vec![mac(2), mac(1)],
+            boot_mac: Some(mac(1)),
+            bmc: Some((bmc, "s3cret-pw".into())),
+            ssh_authorized_keys: vec!["ssh-ed25519 AAAA a@b".into(), "ssh-ed25519 BBBB c@d".into()],
+        };
+        let id = s.create_node(&new, "test").await.unwrap();
+        let other = s
+            .create_node(
+                &NewNode {
+                    name: None,
+                    macs: vec![mac(3)],
+                    boot_mac: None,
+                    bmc: None,
+                    ssh_authorized_keys: vec![],
+                    ..new.clone()
+                },
+                "test",
+            )
+            .await
+            .unwrap();
+        let blank = |mut n: NodeRow| {
+            n.state_since.clear();
+            n.created_at.clear();
+            n
+        };
+        log("node", &s.node(id).await.unwrap().map(blank));
+        log("no node", &s.node(999).await.unwrap());
+        for r in [
+            id.to_string(),
+            "rack1-a".into(),
+            mac(2).to_string(),
+            "nope".into(),
+        ] {
+            log("find", &s.find_node(&r).await.unwrap().map(|n| n.id));
+        }
+        log(
+            "by mac",
+            &s.node_by_mac(mac(3)).await.unwrap().map(|n| n.id),
+        );
+        log("macs", &s.macs(id).await.unwrap());
+        log("boot mac", &s.boot_mac(id).await.unwrap());
+        log("bmc", &s.bmc(id).await.unwrap());
+        log("secret", &s.bmc_secret(id).await.unwrap());
+        s.pin_bmc_cert(id, "sha256:ab").await.unwrap();
+        log("pinned", &s.bmc(id).await.unwrap().map(|b| b.tls_pin));
+        log("keys", &s.node_ssh_keys(id).await.unwrap());
+        log(
+            "set keys",
+            &s.set_node_ssh_keys(id, &["k1".into()], "op").await.unwrap(),
+        );
+        log(
+            "set keys, no node",
+            &s.set_node_ssh_keys(999, &[], "op").await.unwrap(),
+        );
+        log("keys after", &s.node_ssh_keys(id).await.unwrap());
+
+        // A lifecycle write under the version check: the stale one changes nothing.
+        let mut tx = s.begin_node_tx().await.unwrap();
+        let mut n = tx.node(id).await.unwrap().unwrap();
+        let v = n.version;
+        n.state = State::Reclaiming;
+        n.hostname = Some("node-525400000001".into());
+        n.generation += 1;
+        n.boot_token = Some(crate::model::BootToken("t0k".into()));
+        log("update", &tx.update_node(&n, v).await.unwrap());
+        log("stale update", &tx.update_node(&n, v).await.unwrap());
+        tx.append_event(&Audit {
+            from: Some(State::Available),
+            detail: Some("why"),
+            ..Audit::new(id, n.generation, "reinstall", State::Reclaiming, "op")
+        })
+        .await
+        .unwrap();
+        tx.put_idempotent("key-1", id, "{}").await.unwrap();
+        log(
+            "first boot",
+            &tx.first_boot_reported(id, n.generation).await.unwrap(),
+        );
+        log("tx boot mac", &tx.boot_mac(id).await.unwrap());
+        let exact = ["node-x".to_string(), "node-525400000001".into(), "y".into()];
+        log(
+            "among",
+            &tx.hostnames_among(&exact, "node-5254").await.unwrap(),
+        );
+        tx.commit().await.unwrap();
+        // Dropped without commit: rolled back.
+        let mut tx = s.begin_node_tx().await.unwrap();
+        let mut n2 = tx.node(id).await.unwrap().unwrap();
+        let v2 = n2.version;
+        n2.state = State::Failed;
+        tx.update_node(&n2, v2).await.unwrap();
+        drop(tx);
+        log(
+            "after rollback",
+            &s.node(id).await.unwrap().map(|n| (n.state, n.version)),
+        );
+        log(
+            "by token",
+            &s.node_by_credential("t0k").await.unwrap().map(|n| n.id),
+        );
+        log("idempotent", &s.idempotent("key-1").await.unwrap());
+        log("hostnames", &s.hostnames().await.unwrap());
+        log(
+            "taken",
+            &s.hostname_taken("node-525400000001").await.unwrap(),
+        );
+        log(
+            "in states",
+            &s.nodes_in_states(&[State::Reclaiming]).await.unwrap().len(),
+        );
+        log("counts", &s.state_counts().await.unwrap());
+
+        // Discovery: a known MAC is skipped, a new one registered once.
+        let seen = [(mac(1), None), (mac(9), Some(Arch::X86_64)), (mac(9), None)];
+        log("discovered", &s.discover_many(&seen).await.unwrap().len());
+        log(
+            "unknown",
+            &s.unknown_macs(&[mac(1), mac(9), mac(10)]).await.unwrap(),
+        );
+        let mut boot = s
+            .nodes_by_boot_macs(&[mac(1), mac(2), mac(3)])
+            .await
+            .unwrap();
+        boot.sort_by_key(|b| b.id);
+        log("boot macs", &boot);
+        log("pending", &s.pending_discovered().await.unwrap());
+        s.set_arch(other, Arch::X86_64).await.unwrap();
+        let page = s.nodes_page(0, 2, None).await.unwrap();
+        log(
+            "page",
+            &page
+                .iter()
+                .map(|(n, m)| (n.id, n.arch, m.clone()))
+                .collect::<Vec<_>>(),
+        );
+        let page = s.nodes_page(id, 5, Some(State::Discovered)).await.unwrap();
+        log(
+            "page 2",
+            &page
+                .iter()
+                .map(|(n, m)| (n.id, m.clone()))
+                .collect::<Vec<_>>(),
+        );
+
+        log("deleted", &s.delete_node(other, "op").await.unwrap());
+        log("deleted again", &s.delete_node(other, "op").await.unwrap());
+        log(
+            "nodes",
+            &s.nodes()
+                .await
+                .unwrap()
+                .iter()
+                .map(|n| n.id)
+                .collect::<Vec<_>>(),
+        );
+        for node in [id, other] {
+            let events: Vec<_> = s
+                .events(node)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.generation,
+                        e.from_state,
+                        e.event,
+                        e.to_state,
+                        e.actor,
+                        e.detail,
+                    )
+                })
+                .collect();
+            log("events", &events);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn nodes_behave_the_same_on_both_backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let [lite, pg] = crate::store::test_stores(dir.path()).await;
+        let a = node_transcript(&lite).await;
+        let b = node_transcript(&pg).await;
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x, y, "sqlite, then postgresql");
+        }
+        assert_eq!(a.len(), b.len());
+        // And what both say is right (a few that matter).
+        let has = |line: &str| assert!(a.iter().any(|l| l == line), "{line} in {a:#?}");
+        has("secret: Some(\"s3cret-pw\")");
+        has("update: true");
+        has("stale update: false");
+        has("after rollback: Some((Reclaiming, 1))");
+        has("discovered: 1");
+        has("deleted again: false");
+        has("boot mac: Some(Mac([82, 84, 0, 0, 0, 1]))");
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, OnceLock};
 

@@ -51,11 +51,11 @@ impl NodeTx {
             to_state,
             at
         )
-        .fetch_one(&mut *self.tx)
+        .fetch_one(self.lite("this lifecycle step")?)
         .await?;
         let text = body(id);
         sqlx::query!("UPDATE webhook_outbox SET body = ? WHERE id = ?", text, id)
-            .execute(&mut *self.tx)
+            .execute(self.lite("this lifecycle step")?)
             .await?;
         Ok(id)
     }
@@ -66,7 +66,7 @@ impl NodeTx {
             r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
             node_id
         )
-        .fetch_all(&mut *self.tx)
+        .fetch_all(self.lite("this lifecycle step")?)
         .await?)
     }
 }

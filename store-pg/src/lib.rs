@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod coord;
 pub mod dump;
 pub mod leases;
+pub mod nodes;
 
 use std::str::FromStr;
 use std::time::Duration;
