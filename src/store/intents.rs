@@ -1,7 +1,7 @@
 //! BMC steps recorded before they are sent, so that a restart does not repeat a power
 //! cycle that already reached the BMC (see migration 0006).
 
-use super::{Store, StoreError};
+use super::{Db, Store, StoreError};
 use crate::model::{BmcStep, State};
 
 /// What the store says about a BMC step the worker is about to send.
@@ -46,6 +46,20 @@ impl Store {
         step: BmcStep,
     ) -> Result<Claim, StoreError> {
         let attempt = i64::from(attempt);
+        if let Db::Postgres(pg) = &self.db {
+            use store_pg::steps::Recorded;
+            let at = super::nodes::now();
+            return Ok(
+                match pg
+                    .record_bmc_step(node_id, generation, attempt, step, &at)
+                    .await?
+                {
+                    Recorded::Send => Claim::Send,
+                    Recorded::AlreadySent { at } => Claim::AlreadySent { at },
+                    Recorded::NotCurrent => Claim::NotCurrent,
+                },
+            );
+        }
         let mut tx = self.write().await?;
         let current = sqlx::query!(
             r#"SELECT state AS "state: State", generation, attempt FROM nodes WHERE id = ?"#,
@@ -93,6 +107,16 @@ impl Store {
 
     /// The last BMC step recorded for node `id`.
     pub async fn bmc_intent(&self, node_id: i64) -> Result<Option<BmcIntent>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.bmc_intent(node_id).await?.map(
+                |(generation, attempt, step, sent_at)| BmcIntent {
+                    generation,
+                    attempt,
+                    step,
+                    sent_at,
+                },
+            ));
+        }
         Ok(sqlx::query_as!(
             BmcIntent,
             r#"SELECT generation, attempt, step AS "step: BmcStep", sent_at FROM bmc_intents WHERE node_id = ?"#,

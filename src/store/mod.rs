@@ -187,6 +187,15 @@ struct Sqlite {
 impl Store {
     /// Opens (creating if needed) `pxed.sqlite` under `data_dir` and runs migrations.
     pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        #[cfg(test)]
+        if std::env::var("PXED_TEST_STORE").as_deref() == Ok("postgresql") {
+            return Ok(test_postgres(data_dir).await);
+        }
+        Store::open_sqlite(data_dir).await
+    }
+
+    /// Opens (creating if needed) `pxed.sqlite` under `data_dir` and runs migrations.
+    async fn open_sqlite(data_dir: &Path) -> Result<Store, StoreError> {
         let file = data_dir.join("pxed.sqlite");
         create_data_dir(data_dir)?;
         check_writable(data_dir, &file)?;
@@ -485,20 +494,29 @@ pub(crate) fn test_pg_database() -> (String, String) {
         .expect("create a database")
 }
 
+/// A store on a new, migrated database of the test cluster, its key in `data_dir`:
+/// what `Store::open` gives in unit tests run with `PXED_TEST_STORE=postgresql`, so the
+/// whole unit suite can run on PostgreSQL.
+#[cfg(test)]
+async fn test_postgres(data_dir: &Path) -> Store {
+    let (_, url) = test_pg_database();
+    let pg = store_pg::PgStore::connect(&url, 1).await.expect("connect");
+    pg.migrate().await.expect("migrate");
+    pg.close().await;
+    Store::open_postgres(&url, data_dir)
+        .await
+        .expect("open postgres")
+}
+
 /// One store of each backend, each new and empty, for tests that must hold on both:
 /// SQLite in `dir`, PostgreSQL on a new database of the test cluster (migrated) with
 /// its key in `dir/pg`.
 #[cfg(test)]
 pub(crate) async fn test_stores(dir: &Path) -> [Store; 2] {
-    let lite = Store::open(&dir.join("sqlite")).await.expect("open sqlite");
-    let (_, url) = test_pg_database();
-    let pg = store_pg::PgStore::connect(&url, 1).await.expect("connect");
-    pg.migrate().await.expect("migrate");
-    pg.close().await;
-    let pg = Store::open_postgres(&url, &dir.join("pg"))
+    let lite = Store::open_sqlite(&dir.join("sqlite"))
         .await
-        .expect("open postgres");
-    [lite, pg]
+        .expect("open sqlite");
+    [lite, test_postgres(&dir.join("pg")).await]
 }
 
 #[cfg(test)]

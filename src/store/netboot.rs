@@ -1,11 +1,21 @@
 //! Netboot methods (migration 0010): where a node is in its plan, what its BMC says it
 //! is, and which method worked for each BMC model.
 
-use super::nodes::{NodeTx, now};
-use super::{Store, StoreError};
+use super::nodes::{NodeTx, Tx, now};
+use super::{Db, Store, StoreError};
 use crate::lifecycle::transition::{Netboot, NetbootMethod};
 
 /// Parses the `tried` column (comma-separated method names; unknown names dropped).
+/// A stored progress row (method, tried, observed), or the default for none.
+fn progress(row: Option<(String, String, bool)>) -> Netboot {
+    row.map(|(method, tried, observed)| Netboot {
+        method: NetbootMethod::parse(&method).unwrap_or(NetbootMethod::Standard),
+        tried: parse_tried(&tried),
+        observed,
+    })
+    .unwrap_or_default()
+}
+
 fn parse_tried(s: &str) -> Vec<NetbootMethod> {
     s.split(',').filter_map(NetbootMethod::parse).collect()
 }
@@ -31,6 +41,9 @@ impl NodeTx {
     /// Node `id`'s netboot progress for `generation` (the default when none is stored
     /// for that generation).
     pub async fn netboot(&mut self, id: i64, generation: i64) -> Result<Netboot, StoreError> {
+        if let Tx::Pg(p) = &mut self.tx {
+            return Ok(progress(p.netboot(id, generation).await?));
+        }
         let row = sqlx::query!(
             "SELECT method, tried, observed FROM netboot_progress WHERE node_id = ? AND generation = ?",
             id,
@@ -38,13 +51,7 @@ impl NodeTx {
         )
         .fetch_optional(self.lite("this lifecycle step")?)
         .await?;
-        Ok(row
-            .map(|r| Netboot {
-                method: NetbootMethod::parse(&r.method).unwrap_or(NetbootMethod::Standard),
-                tried: parse_tried(&r.tried),
-                observed: r.observed != 0,
-            })
-            .unwrap_or_default())
+        Ok(progress(row.map(|r| (r.method, r.tried, r.observed != 0))))
     }
 
     /// Writes node `id`'s netboot progress.
@@ -56,6 +63,11 @@ impl NodeTx {
     ) -> Result<(), StoreError> {
         let method = n.method.as_str();
         let tried = tried_column(n);
+        if let Tx::Pg(p) = &mut self.tx {
+            return Ok(p
+                .put_netboot(id, generation, (method, &tried, n.observed))
+                .await?);
+        }
         sqlx::query!(
             "INSERT INTO netboot_progress (node_id, generation, method, tried, observed) VALUES (?, ?, ?, ?, ?)
              ON CONFLICT (node_id) DO UPDATE SET generation = excluded.generation,
@@ -74,13 +86,18 @@ impl NodeTx {
     /// The order to try netboot methods in for node `id`: the methods that worked for
     /// its BMC model, latest success first, then the default order.
     pub async fn netboot_plan(&mut self, id: i64) -> Result<Vec<NetbootMethod>, StoreError> {
-        let worked = sqlx::query_scalar!(
-            "SELECT m.method FROM netboot_methods m JOIN bmc_models b ON b.model = m.model
+        let worked = match &mut self.tx {
+            Tx::Pg(p) => p.netboot_worked(id).await?,
+            Tx::Lite(_) => {
+                sqlx::query_scalar!(
+                    "SELECT m.method FROM netboot_methods m JOIN bmc_models b ON b.model = m.model
              WHERE b.node_id = ? ORDER BY m.last_success DESC, m.successes DESC",
-            id
-        )
-        .fetch_all(self.lite("this lifecycle step")?)
-        .await?;
+                    id
+                )
+                .fetch_all(self.lite("this lifecycle step")?)
+                .await?
+            }
+        };
         let preferred: Vec<NetbootMethod> = worked
             .iter()
             .filter_map(|m| NetbootMethod::parse(m))
@@ -92,6 +109,9 @@ impl NodeTx {
 impl Store {
     /// Node `id`'s netboot progress for `generation`.
     pub async fn netboot(&self, id: i64, generation: i64) -> Result<Netboot, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(progress(pg.netboot(id, generation).await?));
+        }
         let row = sqlx::query!(
             "SELECT method, tried, observed FROM netboot_progress WHERE node_id = ? AND generation = ?",
             id,
@@ -99,18 +119,15 @@ impl Store {
         )
         .fetch_optional(self.pool()?)
         .await?;
-        Ok(row
-            .map(|r| Netboot {
-                method: NetbootMethod::parse(&r.method).unwrap_or(NetbootMethod::Standard),
-                tried: parse_tried(&r.tried),
-                observed: r.observed != 0,
-            })
-            .unwrap_or_default())
+        Ok(progress(row.map(|r| (r.method, r.tried, r.observed != 0))))
     }
 
     /// Records what node `id`'s BMC says it is.
     pub async fn set_bmc_model(&self, id: i64, model: &str) -> Result<(), StoreError> {
         let at = now();
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.set_bmc_model(id, model, &at).await?);
+        }
         self.write_one(sqlx::query!(
             "INSERT INTO bmc_models (node_id, model, seen_at) VALUES (?, ?, ?)
              ON CONFLICT (node_id) DO UPDATE SET model = excluded.model, seen_at = excluded.seen_at",
@@ -124,6 +141,9 @@ impl Store {
 
     /// What node `id`'s BMC said it is, last time it was asked.
     pub async fn bmc_model(&self, id: i64) -> Result<Option<String>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.bmc_model(id).await?);
+        }
         Ok(
             sqlx::query_scalar!("SELECT model FROM bmc_models WHERE node_id = ?", id)
                 .fetch_optional(self.pool()?)
@@ -142,6 +162,10 @@ impl Store {
             return Ok(None);
         };
         let (m, at) = (method.as_str(), now());
+        if let Db::Postgres(pg) = &self.db {
+            pg.record_netboot_method(&model, m, &at).await?;
+            return Ok(Some(model));
+        }
         self.write_one(sqlx::query!(
             "INSERT INTO netboot_methods (model, method, successes, last_success) VALUES (?, ?, 1, ?)
              ON CONFLICT (model, method) DO UPDATE SET successes = successes + 1,
@@ -156,6 +180,19 @@ impl Store {
 
     /// Every recorded method, by model.
     pub async fn netboot_methods(&self) -> Result<Vec<MethodRecord>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg
+                .netboot_methods()
+                .await?
+                .into_iter()
+                .map(|(model, method, successes, last_success)| MethodRecord {
+                    model,
+                    method,
+                    successes,
+                    last_success,
+                })
+                .collect());
+        }
         Ok(sqlx::query_as!(
             MethodRecord,
             "SELECT model, method, successes, last_success FROM netboot_methods ORDER BY model, last_success DESC"

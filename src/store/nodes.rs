@@ -401,11 +401,11 @@ impl Store {
 /// never both read a version and then race to write it): the lifecycle's only way into
 /// the store. Dropped without [`NodeTx::commit`], it rolls back.
 pub struct NodeTx {
-    tx: Tx,
+    pub(super) tx: Tx,
 }
 
 /// A [`NodeTx`] on its backend.
-enum Tx {
+pub(super) enum Tx {
     Lite(super::Write),
     Pg(store_pg::nodes::PgTx),
 }

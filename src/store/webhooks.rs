@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::nodes::{NodeTx, now};
+use super::nodes::{NodeTx, Tx, now};
 use super::{Store, StoreError};
 use crate::model::{Mac, State};
 
@@ -44,6 +44,9 @@ impl NodeTx {
         body: impl FnOnce(i64) -> String,
     ) -> Result<i64, StoreError> {
         let at = now();
+        if let Tx::Pg(p) = &mut self.tx {
+            return Ok(p.enqueue_webhook(node_id, to_state, &at, body).await?);
+        }
         let id = sqlx::query_scalar!(
             r#"INSERT INTO webhook_outbox (node_id, to_state, body, created_at)
                VALUES (?, ?, '', ?) RETURNING id"#,
@@ -62,6 +65,9 @@ impl NodeTx {
 
     /// Every MAC of the node, the boot NIC first.
     pub async fn macs(&mut self, node_id: i64) -> Result<Vec<Mac>, StoreError> {
+        if let Tx::Pg(p) = &mut self.tx {
+            return Ok(p.macs(node_id).await?);
+        }
         Ok(sqlx::query_scalar!(
             r#"SELECT mac AS "mac: Mac" FROM interfaces WHERE node_id = ? ORDER BY is_boot DESC, mac"#,
             node_id

@@ -11,6 +11,7 @@ pub mod coord;
 pub mod dump;
 pub mod leases;
 pub mod nodes;
+pub mod steps;
 
 use std::str::FromStr;
 use std::time::Duration;

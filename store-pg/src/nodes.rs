@@ -249,6 +249,11 @@ impl PgStore {
 }
 
 impl PgTx {
+    /// The transaction's connection.
+    pub(crate) fn conn(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.0
+    }
+
     /// Commits.
     pub async fn commit(self) -> Result<(), PgError> {
         Ok(self.0.commit().await?)
