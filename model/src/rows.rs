@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{AgentToken, BootToken, Driver, Mac, NodeArch, State, Step};
+use crate::{AgentToken, BootToken, Driver, Mac, NodeArch, Stage, State, Step};
 
 /// A node as stored (no secrets: those live in `bmc_secrets`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -102,5 +102,73 @@ impl<'a> Audit<'a> {
             actor,
             detail: None,
         }
+    }
+}
+
+/// An imported image as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct ImageRow {
+    pub name: String,
+    pub family: String,
+    pub definition: String,
+    pub imported_at: String,
+}
+
+/// One stage to store (the first time a generation reaches it wins).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageWrite {
+    pub node_id: i64,
+    pub generation: i64,
+    pub stage: Stage,
+    /// RFC 3339, UTC, milliseconds.
+    pub at: String,
+    pub bytes: Option<i64>,
+    pub took_ms: Option<i64>,
+    pub detail: Option<String>,
+}
+
+/// A stored stage.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StageRow {
+    pub generation: i64,
+    pub stage: Stage,
+    pub at: String,
+    pub bytes: Option<i64>,
+    pub took_ms: Option<i64>,
+    pub detail: Option<String>,
+}
+
+/// A node in a reinstall or failed, with its current generation's stages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    pub node_id: i64,
+    pub name: Option<String>,
+    pub state: State,
+    pub state_since: String,
+    pub failed_reason: Option<String>,
+    pub stages: Vec<StageRow>,
+}
+
+/// A reinstall request and how its generation ended, from the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ReinstallRow {
+    pub node_id: i64,
+    pub generation: i64,
+    pub requested_at: String,
+    pub ended_at: Option<String>,
+    pub outcome: Option<State>,
+    pub end_event: Option<String>,
+    pub end_from: Option<State>,
+    pub end_detail: Option<String>,
+}
+
+/// Adds one row of a nodes-with-stages join (ordered by node) to `out`: `node` starts
+/// a new entry unless it is the last one's, and `stage`, if any, joins it.
+pub fn push_tracked(out: &mut Vec<Tracked>, node: Tracked, stage: Option<StageRow>) {
+    if out.last().is_none_or(|t| t.node_id != node.node_id) {
+        out.push(node);
+    }
+    if let (Some(s), Some(t)) = (stage, out.last_mut()) {
+        t.stages.push(s);
     }
 }

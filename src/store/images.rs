@@ -1,21 +1,15 @@
 //! Imported images: the catalog definition plus what import verified (JSON).
 
-use serde::{Deserialize, Serialize};
+use super::{Db, Store, StoreError};
 
-use super::{Store, StoreError};
-
-/// An imported image as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
-pub struct ImageRow {
-    pub name: String,
-    pub family: String,
-    pub definition: String,
-    pub imported_at: String,
-}
+pub use crate::model::rows::ImageRow;
 
 impl Store {
     /// All imported images.
     pub async fn images(&self) -> Result<Vec<ImageRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.images().await?);
+        }
         Ok(
             sqlx::query_as!(ImageRow, "SELECT * FROM images ORDER BY name")
                 .fetch_all(self.pool()?)
@@ -25,6 +19,9 @@ impl Store {
 
     /// One image.
     pub async fn image(&self, name: &str) -> Result<Option<ImageRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.image(name).await?);
+        }
         Ok(
             sqlx::query_as!(ImageRow, "SELECT * FROM images WHERE name = ?", name)
                 .fetch_optional(self.pool()?)
@@ -40,6 +37,9 @@ impl Store {
         definition: &str,
     ) -> Result<(), StoreError> {
         let at = super::nodes::now();
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.put_image(name, family, definition, &at).await?);
+        }
         self.write_one(sqlx::query!(
             r#"INSERT INTO images (name, family, definition, imported_at) VALUES (?, ?, ?, ?)
                ON CONFLICT (name) DO UPDATE SET family = excluded.family,
@@ -55,6 +55,9 @@ impl Store {
 
     /// Removes an image; false when there was none.
     pub async fn delete_image(&self, name: &str) -> Result<bool, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.delete_image(name).await?);
+        }
         let r = self
             .write_one(sqlx::query!("DELETE FROM images WHERE name = ?", name))
             .await?;

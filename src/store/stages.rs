@@ -1,56 +1,11 @@
 //! Stages from the wire: when each node generation first reached each stage, bounded
 //! to the last few generations of a node; and what the reinstall report reads.
 
-use super::{Store, StoreError};
+use super::{Db, Store, StoreError};
+use crate::model::rows::push_tracked;
 use crate::model::{Stage, State};
 
-/// One stage to store (the first time a generation reaches it wins).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StageWrite {
-    pub node_id: i64,
-    pub generation: i64,
-    pub stage: Stage,
-    /// RFC 3339, UTC, milliseconds.
-    pub at: String,
-    pub bytes: Option<i64>,
-    pub took_ms: Option<i64>,
-    pub detail: Option<String>,
-}
-
-/// A stored stage.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct StageRow {
-    pub generation: i64,
-    pub stage: Stage,
-    pub at: String,
-    pub bytes: Option<i64>,
-    pub took_ms: Option<i64>,
-    pub detail: Option<String>,
-}
-
-/// A node in a reinstall or failed, with its current generation's stages.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tracked {
-    pub node_id: i64,
-    pub name: Option<String>,
-    pub state: State,
-    pub state_since: String,
-    pub failed_reason: Option<String>,
-    pub stages: Vec<StageRow>,
-}
-
-/// A reinstall request and how its generation ended, from the audit log.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct ReinstallRow {
-    pub node_id: i64,
-    pub generation: i64,
-    pub requested_at: String,
-    pub ended_at: Option<String>,
-    pub outcome: Option<State>,
-    pub end_event: Option<String>,
-    pub end_from: Option<State>,
-    pub end_detail: Option<String>,
-}
+pub use crate::model::rows::{ReinstallRow, StageRow, StageWrite, Tracked};
 
 impl Store {
     /// Stores a batch in one transaction; returns the writes that were new (a stage a
@@ -64,6 +19,9 @@ impl Store {
         let mut new = Vec::new();
         if writes.is_empty() {
             return Ok(new);
+        }
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.record_stages(writes, i64::from(keep)).await?);
         }
         let mut tx = self.write().await?;
         let mut touched = std::collections::BTreeMap::new();
@@ -104,6 +62,9 @@ impl Store {
 
     /// Every stage kept of a node, by generation then time.
     pub async fn stages(&self, node_id: i64) -> Result<Vec<StageRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.stages(node_id).await?);
+        }
         Ok(sqlx::query_as!(
             StageRow,
             r#"SELECT generation, stage AS "stage: _", at, bytes, took_ms, detail
@@ -120,6 +81,9 @@ impl Store {
         node_id: i64,
         generation: i64,
     ) -> Result<Vec<StageRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.generation_stages(node_id, generation).await?);
+        }
         Ok(sqlx::query_as!(
             StageRow,
             r#"SELECT generation, stage AS "stage: _", at, bytes, took_ms, detail
@@ -137,21 +101,27 @@ impl Store {
     pub async fn current_stages(
         &self,
     ) -> Result<std::collections::HashMap<i64, (Stage, String)>, StoreError> {
-        let rows = sqlx::query!(
-            r#"SELECT s.node_id AS "node_id!", s.stage AS "stage!: Stage", s.at AS "at!"
+        let rows: Vec<(i64, Stage, String)> = match &self.db {
+            Db::Postgres(pg) => pg.current_stage_rows().await?,
+            Db::Sqlite(_) => sqlx::query!(
+                r#"SELECT s.node_id AS "node_id!", s.stage AS "stage!: Stage", s.at AS "at!"
                FROM node_stages s JOIN nodes n
                  ON n.id = s.node_id AND s.generation = n.generation
                WHERE n.state IN ('reclaiming', 'netbooting', 'installing', 'first_boot')"#
-        )
-        .fetch_all(self.pool()?)
-        .await?;
+            )
+            .fetch_all(self.pool()?)
+            .await?
+            .into_iter()
+            .map(|r| (r.node_id, r.stage, r.at))
+            .collect(),
+        };
         let mut out: std::collections::HashMap<i64, (Stage, String)> = Default::default();
-        for r in rows {
+        for (node_id, stage, at) in rows {
             let later = out
-                .get(&r.node_id)
-                .is_none_or(|(s, at)| (r.at.as_str(), r.stage.index()) > (at.as_str(), s.index()));
+                .get(&node_id)
+                .is_none_or(|(s, t)| (at.as_str(), stage.index()) > (t.as_str(), s.index()));
             if later {
-                out.insert(r.node_id, (r.stage, r.at));
+                out.insert(node_id, (stage, at));
             }
         }
         Ok(out)
@@ -159,6 +129,9 @@ impl Store {
 
     /// Nodes in a reinstall or failed, each with its current generation's stages.
     pub async fn tracked_nodes(&self) -> Result<Vec<Tracked>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.tracked_nodes().await?);
+        }
         let rows = sqlx::query!(
             r#"SELECT n.id AS "node_id!", n.name, n.state AS "state: State", n.state_since,
                       n.failed_reason, s.generation AS "generation?", s.stage AS "stage?: Stage",
@@ -172,28 +145,29 @@ impl Store {
         .await?;
         let mut out: Vec<Tracked> = Vec::new();
         for r in rows {
-            if out.last().is_none_or(|t| t.node_id != r.node_id) {
-                out.push(Tracked {
-                    node_id: r.node_id,
-                    name: r.name,
-                    state: r.state,
-                    state_since: r.state_since,
-                    failed_reason: r.failed_reason,
-                    stages: Vec::new(),
-                });
-            }
-            if let (Some(generation), Some(stage), Some(at), Some(t)) =
-                (r.generation, r.stage, r.at, out.last_mut())
-            {
-                t.stages.push(StageRow {
+            let stage = match (r.generation, r.stage, r.at) {
+                (Some(generation), Some(stage), Some(at)) => Some(StageRow {
                     generation,
                     stage,
                     at,
                     bytes: r.bytes,
                     took_ms: r.took_ms,
                     detail: r.detail,
-                });
-            }
+                }),
+                _ => None,
+            };
+            push_tracked(
+                &mut out,
+                Tracked {
+                    node_id: r.node_id,
+                    name: r.name,
+                    state: r.state,
+                    state_since: r.state_since,
+                    failed_reason: r.failed_reason,
+                    stages: Vec::new(),
+                },
+                stage,
+            );
         }
         Ok(out)
     }
@@ -201,6 +175,9 @@ impl Store {
     /// Reinstalls requested at or after `since` (RFC 3339), each with the first
     /// `available` or `failed` of its generation after the request.
     pub async fn reinstalls_since(&self, since: &str) -> Result<Vec<ReinstallRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.reinstalls_since(since).await?);
+        }
         Ok(sqlx::query_as!(
             ReinstallRow,
             r#"SELECT r.node_id, r.generation, r.at AS requested_at, e.at AS "ended_at?",

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::nodes::{NodeTx, Tx, now};
-use super::{Store, StoreError};
+use super::{Db, Store, StoreError};
 use crate::model::{Mac, State};
 
 /// One queued event.
@@ -82,6 +82,9 @@ impl Store {
     /// queued event (it gets changes from now on), a URL no longer configured loses its
     /// cursor (so it holds nothing back).
     pub async fn webhook_sync_cursors(&self, urls: &[&str]) -> Result<(), StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.webhook_sync_cursors(urls).await?);
+        }
         let mut tx = self.write().await?;
         let known = sqlx::query_scalar!("SELECT url FROM webhook_cursors")
             .fetch_all(&mut *tx)
@@ -107,6 +110,9 @@ impl Store {
 
     /// The last event id done (delivered, filtered out or dropped) for `url`.
     pub async fn webhook_cursor(&self, url: &str) -> Result<i64, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.webhook_cursor(url).await?);
+        }
         Ok(
             sqlx::query_scalar!("SELECT last_id FROM webhook_cursors WHERE url = ?", url)
                 .fetch_optional(self.pool()?)
@@ -117,6 +123,17 @@ impl Store {
 
     /// The oldest queued event after `after`.
     pub async fn webhook_next(&self, after: i64) -> Result<Option<OutboxRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg
+                .webhook_next(after)
+                .await?
+                .map(|(id, node_id, to_state, body)| OutboxRow {
+                    id,
+                    node_id,
+                    to_state,
+                    body,
+                }));
+        }
         Ok(sqlx::query_as!(
             OutboxRow,
             r#"SELECT id, node_id, to_state AS "to_state: State", body
@@ -129,6 +146,9 @@ impl Store {
 
     /// Marks every event up to `id` done for `url` (never moves a cursor back).
     pub async fn webhook_advance(&self, url: &str, id: i64) -> Result<(), StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.webhook_advance(url, id).await?);
+        }
         self.write_one(sqlx::query!(
             "UPDATE webhook_cursors SET last_id = MAX(last_id, ?) WHERE url = ?",
             id,
@@ -146,6 +166,17 @@ impl Store {
         targets: &[CursorTarget<'_>],
         cap: u32,
     ) -> Result<Pruned, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let urls: Vec<&str> = targets.iter().map(|t| t.url).collect();
+            let per_url = pg.webhook_prune(&urls, i64::from(cap)).await?;
+            let mut out = Pruned::default();
+            for (t, (by_state, depth)) in targets.iter().zip(per_url) {
+                out.dropped
+                    .push(wanted(t, by_state.iter().map(|(s, n)| (s.as_str(), *n))));
+                out.depth.push(u64::try_from(depth).unwrap_or(0));
+            }
+            return Ok(out);
+        }
         let mut tx = self.write().await?;
         let mut cursors = Vec::with_capacity(targets.len());
         for t in targets {
@@ -189,13 +220,7 @@ impl Store {
                 .into_iter()
                 .map(|r| (r.to_state, r.n))
                 .collect();
-                out.dropped[i] = by_state
-                    .iter()
-                    .filter(|(s, _)| {
-                        t.states.is_empty() || t.states.iter().any(|w| w.as_str() == s.as_str())
-                    })
-                    .map(|(_, n)| u64::try_from(*n).unwrap_or(0))
-                    .sum();
+                out.dropped[i] = wanted(t, by_state.iter().map(|(s, n)| (s.as_str(), *n)));
                 sqlx::query!(
                     "UPDATE webhook_cursors SET last_id = MAX(last_id, ?) WHERE url = ?",
                     cutoff,
@@ -218,6 +243,14 @@ impl Store {
         tx.commit().await?;
         Ok(out)
     }
+}
+
+/// How many of the dropped events (counts per state) `t` wanted.
+fn wanted<'s>(t: &CursorTarget<'_>, by_state: impl Iterator<Item = (&'s str, i64)>) -> u64 {
+    by_state
+        .filter(|(s, _)| t.states.is_empty() || t.states.iter().any(|w| w.as_str() == *s))
+        .map(|(_, n)| u64::try_from(n).unwrap_or(0))
+        .sum()
 }
 
 #[cfg(test)]

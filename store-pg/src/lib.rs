@@ -11,7 +11,9 @@ pub mod coord;
 pub mod dump;
 pub mod leases;
 pub mod nodes;
+pub mod stages;
 pub mod steps;
+pub mod webhooks;
 
 use std::str::FromStr;
 use std::time::Duration;
