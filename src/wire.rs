@@ -318,7 +318,7 @@ pub struct NodeView {
     pub facts: Option<serde_json::Value>,
 }
 
-pub use crate::model::rows::EventView;
+pub use crate::model::rows::{EventView, InstallLogLine};
 
 /// `GET /api/v1/nodes/{id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -537,16 +537,6 @@ pub struct BmcCheck {
     pub bmc: BmcView,
     /// What the BMC answered.
     pub report: crate::bmc::CheckReport,
-}
-
-/// One line an installer sent (syslog or reporting webhook), secrets redacted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InstallLogLine {
-    /// When pxed received it (RFC 3339, UTC).
-    pub at: String,
-    /// `syslog` or `webhook`.
-    pub source: String,
-    pub line: String,
 }
 
 /// `GET /api/v1/nodes/{id}/log`: the last lines of one generation's install, oldest first.

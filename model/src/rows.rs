@@ -172,3 +172,37 @@ pub fn push_tracked(out: &mut Vec<Tracked>, node: Tracked, stage: Option<StageRo
         t.stages.push(s);
     }
 }
+
+/// One line an installer sent (syslog or reporting webhook), secrets redacted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallLogLine {
+    /// When pxed received it (RFC 3339, UTC).
+    pub at: String,
+    /// `syslog` or `webhook`.
+    pub source: String,
+    pub line: String,
+}
+
+/// A node whose installer may be talking: what the recorder needs to store a line and
+/// act on it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct LogTarget {
+    pub node_id: i64,
+    pub generation: i64,
+    pub state: State,
+    /// `images.family` of the node's image (`None`: no image or not imported).
+    pub family: Option<String>,
+    /// Redacted from every line (an installer may echo its command line).
+    pub boot_token: Option<BootToken>,
+    pub agent_token: Option<AgentToken>,
+}
+
+/// One line to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogWrite {
+    pub node_id: i64,
+    pub generation: i64,
+    pub at: String,
+    pub source: &'static str,
+    pub line: String,
+}

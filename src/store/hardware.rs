@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::nodes::{Audit, append_event, now};
-use super::{Store, StoreError};
+use super::{Db, Store, StoreError};
 use crate::inventory::Inventory;
 use crate::inventory::gate::Verdict;
 use crate::model::{InventorySource, State};
@@ -35,36 +35,42 @@ pub struct Hardware {
     pub checked_at: Option<String>,
 }
 
-/// A `node_hardware` row as stored.
-struct HardwareRecord {
-    node_id: i64,
-    profile: Option<String>,
-    baseline_generation: Option<i64>,
-    checked_generation: Option<i64>,
-    passed: Option<bool>,
-    drifted: bool,
-    verdict: Option<String>,
-    checked_at: Option<String>,
-}
+// One row of `node_hardware` as stored (the verdict as JSON): one type for both backends.
+use store_pg::hardware::HardwareRow as HardwareRecord;
 
-impl HardwareRecord {
-    fn into_parts(self) -> (i64, Hardware) {
-        (
-            self.node_id,
-            Hardware {
-                profile: self.profile,
-                baseline_generation: self.baseline_generation,
-                checked_generation: self.checked_generation,
-                passed: self.passed,
-                drifted: self.drifted,
-                verdict: self.verdict.and_then(|v| serde_json::from_str(&v).ok()),
-                checked_at: self.checked_at,
-            },
-        )
-    }
+/// A stored row as (node, what it says).
+fn into_parts(r: HardwareRecord) -> (i64, Hardware) {
+    (
+        r.node_id,
+        Hardware {
+            profile: r.profile,
+            baseline_generation: r.baseline_generation,
+            checked_generation: r.checked_generation,
+            passed: r.passed,
+            drifted: r.drifted,
+            verdict: r.verdict.and_then(|v| serde_json::from_str(&v).ok()),
+            checked_at: r.checked_at,
+        },
+    )
 }
 
 /// Most inventories kept per node (oldest generations go first; the baseline's stay).
+/// The audit detail of a verdict.
+fn gate_detail(v: &Verdict) -> String {
+    if v.passed() {
+        let changes = v.changes.len();
+        format!(
+            "passed (profile {}, {changes} change(s) since the baseline){}",
+            v.profile.as_deref().unwrap_or("none"),
+            v.note
+                .as_deref()
+                .map_or_else(String::new, |n| format!("; {n}"))
+        )
+    } else {
+        v.reason()
+    }
+}
+
 const KEEP_GENERATIONS: i64 = 20;
 
 fn parse(body: &str, node_id: i64, generation: i64) -> Option<Inventory> {
@@ -90,6 +96,12 @@ impl Store {
     ) -> Result<(), StoreError> {
         let body = serde_json::to_string(inv).unwrap_or_else(|_| "{}".into());
         let at = now();
+        if let Db::Postgres(pg) = &self.db {
+            let key = (node_id, generation, source);
+            return Ok(pg
+                .put_inventory(key, took_ms, &body, &at, KEEP_GENERATIONS)
+                .await?);
+        }
         let mut tx = self.write().await?;
         sqlx::query!(
             "INSERT INTO node_inventory (node_id, generation, source, collected_at, took_ms, body)
@@ -124,7 +136,9 @@ impl Store {
     /// Every stored inventory of a node, newest generation first, in-band before
     /// out-of-band within a generation.
     pub async fn inventories(&self, node_id: i64) -> Result<Vec<InventoryRow>, StoreError> {
-        let rows = sqlx::query!(
+        let rows: Vec<store_pg::hardware::InventoryText> = match &self.db {
+            Db::Postgres(pg) => pg.inventories(node_id).await?,
+            Db::Sqlite(_) => sqlx::query!(
             r#"SELECT generation, source AS "source: InventorySource", collected_at, took_ms, body
                FROM node_inventory WHERE node_id = ?
                ORDER BY generation DESC,
@@ -133,16 +147,20 @@ impl Store {
             node_id
         )
         .fetch_all(self.pool()?)
-        .await?;
+        .await?
+        .into_iter()
+        .map(|r| (r.generation, r.source, r.collected_at, r.took_ms, r.body))
+        .collect(),
+        };
         Ok(rows
             .into_iter()
-            .filter_map(|r| {
+            .filter_map(|(generation, source, collected_at, took_ms, body)| {
                 Some(InventoryRow {
-                    inventory: parse(&r.body, node_id, r.generation)?,
-                    generation: r.generation,
-                    source: r.source,
-                    collected_at: r.collected_at,
-                    took_ms: r.took_ms,
+                    inventory: parse(&body, node_id, generation)?,
+                    generation,
+                    source,
+                    collected_at,
+                    took_ms,
                 })
             })
             .collect())
@@ -150,6 +168,10 @@ impl Store {
 
     /// The node's profile, baseline and last verdict (default: none yet).
     pub async fn hardware(&self, node_id: i64) -> Result<Hardware, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let r = pg.hardware(Some(node_id)).await?.into_iter().next();
+            return Ok(r.map(|r| into_parts(r).1).unwrap_or_default());
+        }
         let r = sqlx::query_as!(
             HardwareRecord,
             r#"SELECT node_id, profile, baseline_generation, checked_generation,
@@ -159,11 +181,19 @@ impl Store {
         )
         .fetch_optional(self.pool()?)
         .await?;
-        Ok(r.map(|r| r.into_parts().1).unwrap_or_default())
+        Ok(r.map(|r| into_parts(r).1).unwrap_or_default())
     }
 
     /// Every node's hardware row, by node id (nodes without one are absent).
     pub async fn hardware_all(&self) -> Result<Vec<(i64, Hardware)>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg
+                .hardware(None)
+                .await?
+                .into_iter()
+                .map(into_parts)
+                .collect());
+        }
         let rows = sqlx::query_as!(
             HardwareRecord,
             r#"SELECT node_id, profile, baseline_generation, checked_generation,
@@ -172,7 +202,7 @@ impl Store {
         )
         .fetch_all(self.pool()?)
         .await?;
-        Ok(rows.into_iter().map(HardwareRecord::into_parts).collect())
+        Ok(rows.into_iter().map(into_parts).collect())
     }
 
     /// Records the gate's verdict for `generation`. A pass makes that generation the
@@ -187,6 +217,16 @@ impl Store {
     ) -> Result<(), StoreError> {
         let body = serde_json::to_string(v).unwrap_or_default();
         let (passed, drifted, at) = (v.passed(), v.drifted(), now());
+        let detail = gate_detail(v);
+        let mut e = Audit::new(node_id, generation, "inventory_checked", state, "pxed");
+        e.from = Some(state);
+        e.detail = Some(&detail);
+        if let Db::Postgres(pg) = &self.db {
+            let profile = v.profile.as_deref();
+            return Ok(pg
+                .record_gate(&e, profile, (passed, drifted), &body, &at)
+                .await?);
+        }
         let mut tx = self.write().await?;
         sqlx::query!(
             "INSERT INTO node_hardware (node_id, profile, baseline_generation,
@@ -208,21 +248,6 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        let detail = if passed {
-            let changes = v.changes.len();
-            format!(
-                "passed (profile {}, {changes} change(s) since the baseline){}",
-                v.profile.as_deref().unwrap_or("none"),
-                v.note
-                    .as_deref()
-                    .map_or_else(String::new, |n| format!("; {n}"))
-            )
-        } else {
-            v.reason()
-        };
-        let mut e = Audit::new(node_id, generation, "inventory_checked", state, "pxed");
-        e.from = Some(state);
-        e.detail = Some(&detail);
         append_event(&mut tx, &e).await?;
         tx.commit().await?;
         Ok(())
@@ -239,9 +264,22 @@ impl Store {
         profile: Option<Option<&str>>,
         actor: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.write().await?;
         let keep = profile.is_none();
         let new_profile = profile.flatten();
+        let detail = match profile {
+            None => format!("generation {generation} is the new baseline"),
+            Some(p) => format!(
+                "generation {generation} is the new baseline; profile {}",
+                p.unwrap_or("none")
+            ),
+        };
+        let mut e = Audit::new(node_id, generation, "inventory_accepted", state, actor);
+        e.from = Some(state);
+        e.detail = Some(&detail);
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.accept_inventory(&e, new_profile, keep, &now()).await?);
+        }
+        let mut tx = self.write().await?;
         sqlx::query!(
             "INSERT INTO node_hardware (node_id, profile, baseline_generation, passed, drifted)
              VALUES (?1, ?2, ?3, 1, 0)
@@ -255,16 +293,6 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        let detail = match profile {
-            None => format!("generation {generation} is the new baseline"),
-            Some(p) => format!(
-                "generation {generation} is the new baseline; profile {}",
-                p.unwrap_or("none")
-            ),
-        };
-        let mut e = Audit::new(node_id, generation, "inventory_accepted", state, actor);
-        e.from = Some(state);
-        e.detail = Some(&detail);
         append_event(&mut tx, &e).await?;
         tx.commit().await?;
         Ok(())

@@ -2,32 +2,10 @@
 //! last lines per node generation (bounded), and the milestones on the timeline.
 
 use super::nodes::{Audit, append_event, now};
-use super::{Store, StoreError};
-use crate::model::{AgentToken, BootToken, State};
+use super::{Db, Store, StoreError};
+use crate::model::State;
 
-/// A node whose installer may be talking: what the recorder needs to store a line and
-/// act on it.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct LogTarget {
-    pub node_id: i64,
-    pub generation: i64,
-    pub state: State,
-    /// `images.family` of the node's image (`None`: no image or not imported).
-    pub family: Option<String>,
-    /// Redacted from every line (an installer may echo its command line).
-    pub boot_token: Option<BootToken>,
-    pub agent_token: Option<AgentToken>,
-}
-
-/// One line to store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogWrite {
-    pub node_id: i64,
-    pub generation: i64,
-    pub at: String,
-    pub source: &'static str,
-    pub line: String,
-}
+pub use crate::model::rows::{LogTarget, LogWrite};
 
 /// One stored line, as the API returns it.
 pub type LogLine = crate::wire::InstallLogLine;
@@ -45,6 +23,9 @@ impl Store {
         ip: &str,
         now: i64,
     ) -> Result<Option<LogTarget>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.log_target_by_ip(ip, now).await?);
+        }
         Ok(sqlx::query_as!(
             LogTarget,
             r#"SELECT n.id AS node_id, n.generation, n.state AS "state: _", i.family AS "family?",
@@ -67,6 +48,9 @@ impl Store {
 
     /// The same for a node known by id (the reporting webhook proved it by token).
     pub async fn log_target(&self, node_id: i64) -> Result<Option<LogTarget>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.log_target(node_id).await?);
+        }
         Ok(sqlx::query_as!(
             LogTarget,
             r#"SELECT n.id AS node_id, n.generation, n.state AS "state: _", i.family AS "family?",
@@ -88,6 +72,11 @@ impl Store {
     ) -> Result<(), StoreError> {
         if writes.is_empty() {
             return Ok(());
+        }
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg
+                .append_install_log(writes, i64::from(keep), KEEP_GENERATIONS)
+                .await?);
         }
         let mut tx = self.write().await?;
         let mut touched = std::collections::BTreeSet::new();
@@ -139,6 +128,11 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<LogLine>, StoreError> {
         let limit = i64::from(limit);
+        if let Db::Postgres(pg) = &self.db {
+            let mut rows = pg.install_log_newest(node_id, generation, limit).await?;
+            rows.reverse();
+            return Ok(rows);
+        }
         let mut rows = sqlx::query_as!(
             LogLine,
             r#"SELECT at, source, line FROM install_log WHERE node_id = ? AND generation = ?
@@ -164,6 +158,14 @@ impl Store {
         actor: &str,
         detail: &str,
     ) -> Result<bool, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let e = Audit {
+                from: Some(state),
+                detail: Some(detail),
+                ..Audit::new(node_id, generation, event, state, actor)
+            };
+            return Ok(pg.note_once(&e, &now()).await?);
+        }
         let mut tx = self.write().await?;
         let seen = sqlx::query_scalar!(
             "SELECT COUNT(*) FROM node_events WHERE node_id = ? AND generation = ? AND event = ?",
@@ -193,6 +195,9 @@ impl Store {
         node_id: i64,
         generation: i64,
     ) -> Result<Option<(i64, String)>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.previous_install_failure(node_id, generation).await?);
+        }
         Ok(sqlx::query!(
             r#"SELECT generation, detail FROM node_events
                WHERE node_id = ? AND generation < ? AND event = 'install_failed'

@@ -9,6 +9,8 @@
 pub mod cluster;
 pub mod coord;
 pub mod dump;
+pub mod hardware;
+pub mod install_log;
 pub mod leases;
 pub mod nodes;
 pub mod stages;

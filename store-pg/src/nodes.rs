@@ -267,6 +267,14 @@ impl PgTx {
             .await?)
     }
 
+    /// Locks the node's row until the transaction ends (whether or not it exists).
+    pub async fn lock_node(&mut self, id: i64) -> Result<(), PgError> {
+        sqlx::query!("SELECT id FROM nodes WHERE id = $1 FOR UPDATE", id)
+            .fetch_optional(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
     /// Inserts a node row; its id.
     pub async fn insert_node(
         &mut self,
