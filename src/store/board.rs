@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::nodes::{InterfaceRow, NodeRow};
-use super::{Store, StoreError};
+use super::{Db, Store, StoreError};
 use crate::lifecycle::transition::State;
 use crate::model::{Mac, NodeArch};
 
@@ -87,6 +87,30 @@ pub fn check_label(key: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Each node with its MACs (`ifaces` by node, boot NIC first) and labels.
+fn listing(
+    nodes: Vec<NodeRow>,
+    ifaces: Vec<InterfaceRow>,
+    labels: Vec<(i64, String, String)>,
+) -> Vec<(NodeRow, Vec<Mac>, Labels)> {
+    let mut macs: HashMap<i64, Vec<Mac>> = HashMap::new();
+    for i in ifaces {
+        macs.entry(i.node_id).or_default().push(i.mac);
+    }
+    let mut by_node: HashMap<i64, Labels> = HashMap::new();
+    for (node, k, v) in labels {
+        by_node.entry(node).or_default().insert(k, v);
+    }
+    nodes
+        .into_iter()
+        .map(|n| {
+            let m = macs.remove(&n.id).unwrap_or_default();
+            let l = by_node.remove(&n.id).unwrap_or_default();
+            (n, m, l)
+        })
+        .collect()
+}
+
 impl Store {
     /// Nodes with an id above `after`, in id order, at most `limit`, that match
     /// `filter`; each with its MACs (boot MAC first) and labels. Three queries
@@ -112,6 +136,26 @@ impl Store {
         let mac_like = text.and_then(mac_fragment).map(|h| like(&h));
         let profile = filter.profile.as_deref();
         let drifted = filter.drifted;
+        if let Db::Postgres(pg) = &self.db {
+            let f = store_pg::board::Filter {
+                state: filter.state,
+                arch,
+                label_key,
+                label_value,
+                name_like,
+                mac_like,
+                profile,
+                drifted,
+            };
+            let nodes = pg.nodes_filtered(after, limit, &f).await?;
+            if nodes.is_empty() {
+                return Ok(vec![]);
+            }
+            let ids: Vec<i64> = nodes.iter().map(|n| n.id).collect();
+            let ifaces = pg.interfaces_of(&ids).await?;
+            let labels = pg.labels_of(&ids).await?;
+            return Ok(listing(nodes, ifaces, labels));
+        }
         let nodes = sqlx::query_as!(
             NodeRow,
             r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at
@@ -157,26 +201,16 @@ impl Store {
         )
         .fetch_all(self.pool()?)
         .await?;
-        let mut macs: HashMap<i64, Vec<Mac>> = HashMap::new();
-        for i in ifaces {
-            macs.entry(i.node_id).or_default().push(i.mac);
-        }
-        let mut by_node: HashMap<i64, Labels> = HashMap::new();
-        for l in labels {
-            by_node.entry(l.node_id).or_default().insert(l.key, l.value);
-        }
-        Ok(nodes
-            .into_iter()
-            .map(|n| {
-                let m = macs.remove(&n.id).unwrap_or_default();
-                let l = by_node.remove(&n.id).unwrap_or_default();
-                (n, m, l)
-            })
-            .collect())
+        let labels = labels.into_iter().map(|l| (l.node_id, l.key, l.value));
+        Ok(listing(nodes, ifaces, labels.collect()))
     }
 
     /// The labels of one node.
     pub async fn labels(&self, node_id: i64) -> Result<Labels, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let rows = pg.labels_of(&[node_id]).await?;
+            return Ok(rows.into_iter().map(|(_, k, v)| (k, v)).collect());
+        }
         let rows = sqlx::query!(
             "SELECT key, value FROM node_labels WHERE node_id = ? ORDER BY key",
             node_id
@@ -188,6 +222,13 @@ impl Store {
 
     /// Replaces the labels of a node (checked with [`check_label`] by the caller).
     pub async fn set_labels(&self, node_id: i64, labels: &Labels) -> Result<(), StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let pairs: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            return Ok(pg.set_labels(node_id, &pairs).await?);
+        }
         let mut tx = self.write().await?;
         sqlx::query!("DELETE FROM node_labels WHERE node_id = ?", node_id)
             .execute(&mut *tx)

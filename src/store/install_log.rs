@@ -233,14 +233,15 @@ mod tests {
             ssh_authorized_keys: vec![],
         };
         let id = store.create_node(&n, "test").await.unwrap();
-        store.write_one(sqlx::query(
-            "UPDATE nodes SET state = 'installing', generation = 1, boot_token = ?, boot_ip = ? WHERE id = ?",
-        )
-        .bind(format!("boot-token-{mac}"))
-        .bind(format!("10.0.0.{mac}"))
-        .bind(id))
-        .await
-        .unwrap();
+        let mut tx = store.begin_node_tx().await.unwrap();
+        let mut node = tx.node(id).await.unwrap().unwrap();
+        let version = node.version;
+        node.state = State::Installing;
+        node.generation = 1;
+        node.boot_token = Some(crate::model::BootToken(format!("boot-token-{mac}")));
+        node.boot_ip = Some(format!("10.0.0.{mac}"));
+        assert!(tx.update_node(&node, version).await.unwrap());
+        tx.commit().await.unwrap();
         id
     }
 
@@ -273,12 +274,19 @@ mod tests {
         );
         // The installer's own DHCP got another address from pxed: found by the lease
         // while it lasts.
-        store.write_one(sqlx::query(
-            "INSERT INTO leases (ip, mac, state, expires_at) SELECT '10.0.0.6', mac, 'bound', 200 FROM interfaces WHERE node_id = ?",
-        )
-        .bind(a))
-        .await
-        .unwrap();
+        let mac = store.boot_mac(a).await.unwrap().unwrap();
+        let lease = crate::store::leases::LeaseRow {
+            ip: "10.0.0.6".parse().unwrap(),
+            mac: mac.to_string(),
+            client_id: None,
+            hostname: None,
+            state: "bound".into(),
+            expires_at: 200,
+        };
+        store
+            .commit_leases(&[crate::store::leases::LeaseWrite::Upsert(lease)])
+            .await
+            .unwrap();
         let t = store.log_target_by_ip("10.0.0.6", 100).await.unwrap();
         assert_eq!(t.map(|t| t.node_id), Some(a));
         assert!(
@@ -289,13 +297,13 @@ mod tests {
                 .is_none()
         );
         // At rest (no boot token): nobody's installer.
-        store
-            .write_one(
-                sqlx::query("UPDATE nodes SET boot_token = NULL, state = 'available' WHERE id = ?")
-                    .bind(a),
-            )
-            .await
-            .unwrap();
+        let mut tx = store.begin_node_tx().await.unwrap();
+        let mut node = tx.node(a).await.unwrap().unwrap();
+        let version = node.version;
+        node.state = State::Available;
+        node.boot_token = None;
+        assert!(tx.update_node(&node, version).await.unwrap());
+        tx.commit().await.unwrap();
         assert!(
             store
                 .log_target_by_ip("10.0.0.5", 100)

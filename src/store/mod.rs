@@ -195,7 +195,7 @@ impl Store {
     }
 
     /// Opens (creating if needed) `pxed.sqlite` under `data_dir` and runs migrations.
-    async fn open_sqlite(data_dir: &Path) -> Result<Store, StoreError> {
+    pub(crate) async fn open_sqlite(data_dir: &Path) -> Result<Store, StoreError> {
         let file = data_dir.join("pxed.sqlite");
         create_data_dir(data_dir)?;
         check_writable(data_dir, &file)?;
@@ -336,12 +336,20 @@ impl Store {
             };
         }
         let at = nodes::now();
-        let write = self.write_one(sqlx::query!(
-            "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-            at
-        ));
+        let write = async {
+            match &self.db {
+                Db::Postgres(pg) => Ok(pg.probe_write(&at).await?),
+                Db::Sqlite(_) => self
+                    .write_one(sqlx::query!(
+                        "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                        at
+                    ))
+                    .await
+                    .map(drop),
+            }
+        };
         let result = match tokio::time::timeout(PROBE_TIMEOUT, write).await {
-            Ok(r) => r.map(drop),
+            Ok(r) => r,
             Err(_) => Err(StoreError::ProbeTimeout(PROBE_TIMEOUT)),
         };
         if result.is_err() {
@@ -535,7 +543,7 @@ mod tests {
             let data = dir.path().join("data");
             // One task: sqlx's migrator is not `Send`; the opens still overlap, each
             // on its own SQLite threads.
-            let opens = (0..4).map(|_| Store::open(&data));
+            let opens = (0..4).map(|_| Store::open_sqlite(&data));
             let stores: Vec<Store> = futures::future::join_all(opens)
                 .await
                 .into_iter()
@@ -559,7 +567,7 @@ mod tests {
         use crate::model::{Driver, Mac, NodeArch, State};
         use crate::store::nodes::{BmcRow, NewNode};
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).await.unwrap();
+        let store = Store::open_sqlite(dir.path()).await.unwrap();
         let bmc = BmcRow {
             node_id: 0,
             driver: Driver::Redfish,
@@ -594,7 +602,7 @@ mod tests {
             .await
             .unwrap();
         store.close().await;
-        let store = Store::open(dir.path()).await.unwrap();
+        let store = Store::open_sqlite(dir.path()).await.unwrap();
         let raw: String = sqlx::query_scalar("SELECT password FROM bmc_secrets")
             .fetch_one(store.pool().unwrap())
             .await
@@ -607,7 +615,7 @@ mod tests {
         // The database alone, with another key, opens nothing.
         store.close().await;
         std::fs::write(dir.path().join("secret-key"), "00".repeat(32)).unwrap();
-        let store = Store::open(dir.path()).await.unwrap();
+        let store = Store::open_sqlite(dir.path()).await.unwrap();
         let e = store.bmc_secret(id).await.unwrap_err().to_string();
         assert!(e.contains("does not open with this secret key"), "{e}");
     }
@@ -616,7 +624,7 @@ mod tests {
     async fn files_are_private_and_damaged_files_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let store = Store::open(&data).await.unwrap();
+        let store = Store::open_sqlite(&data).await.unwrap();
         store.close().await;
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&data), 0o700);
@@ -624,13 +632,13 @@ mod tests {
 
         // Truncated to 0 bytes: refused, not taken for a new inventory.
         std::fs::write(data.join("pxed.sqlite"), b"").unwrap();
-        let e = Store::open(&data).await.unwrap_err();
+        let e = Store::open_sqlite(&data).await.unwrap_err();
         assert!(matches!(e, StoreError::EmptyFile { .. }), "{e}");
         assert!(e.to_string().contains("delete it to start a new"), "{e}");
 
         // Not a database at all.
         std::fs::write(data.join("pxed.sqlite"), vec![0x5a; 8192]).unwrap();
-        let e = Store::open(&data).await.unwrap_err();
+        let e = Store::open_sqlite(&data).await.unwrap_err();
         assert!(e.to_string().contains("not a database"), "{e}");
     }
 }

@@ -1243,7 +1243,7 @@ mod tests {
     async fn listing_nodes_is_not_one_query_per_node() {
         let counter = counter();
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).await.unwrap();
+        let store = Store::open_sqlite(dir.path()).await.unwrap();
         for i in 0..40u8 {
             let n = NewNode {
                 name: None,

@@ -71,7 +71,7 @@ async fn the_sqlite_and_postgresql_schemas_agree() {
     assert_eq!(sqlite, pg, "the same migrations, by number and name");
 
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).await.unwrap();
+    let store = Store::open_sqlite(dir.path()).await.unwrap();
     let (_, url) = super::test_pg_database();
     let pgs = PgStore::connect(&url, 1).await.unwrap();
     pgs.migrate().await.unwrap();

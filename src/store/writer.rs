@@ -289,7 +289,7 @@ mod tests {
 
     async fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).await.unwrap();
+        let store = Store::open_sqlite(dir.path()).await.unwrap();
         let mut w = store.write().await.unwrap();
         sqlx::query("CREATE TABLE t (k INTEGER PRIMARY KEY, p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)")
             .execute(&mut *w)

@@ -6,6 +6,7 @@
 //! `STORE_PG_DATABASE_URL`; offline from this crate's `.sqlx/`), the pxed package's
 //! against SQLite. [`cluster`] starts a private PostgreSQL for tests and benches.
 
+pub mod board;
 pub mod cluster;
 pub mod coord;
 pub mod dump;
@@ -257,6 +258,18 @@ impl PgStore {
         )
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// Commits one tiny row at `at`: whether the database takes writes right now.
+    pub async fn probe_write(&self, at: &str) -> Result<(), PgError> {
+        sqlx::query!(
+            "INSERT INTO store_probe (id, at) VALUES (1, $1)
+             ON CONFLICT (id) DO UPDATE SET at = EXCLUDED.at",
+            at
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// Closes the pool (waits for connections in use).
