@@ -166,9 +166,13 @@ pub async fn run(
     preflight(&cfg)?;
     let nofile = crate::net::raise_fd_limit();
     tracing::info!(nofile, http = ?crate::net::ConnLimits::for_fd_limit(nofile), "open-files limit");
-    let store = Store::open(&cfg.data_dir)
+    let store = Store::open_configured(&cfg.data_dir, cfg.database_url.as_deref())
         .await
-        .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
+        .with_context(|| match &cfg.database_url {
+            // The error names the server (never the password).
+            Some(_) => "opening the PostgreSQL store".to_string(),
+            None => format!("opening the store in {}", cfg.data_dir.display()),
+        })?;
     let token = api_token(&cfg)?;
     let state = AppState::new(
         cfg.clone(),

@@ -159,11 +159,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// What `serve` says when `database_url` names PostgreSQL.
-const SQLITE_ONLY: &str = "serving from PostgreSQL is not built yet: `pxed migrate`, `export` and \
-     `import` work on it; serve from the SQLite store in data_dir (unset database_url / \
-     PXED_DATABASE_URL)";
-
 /// Loads the configuration and runs `job` with it on a new runtime.
 fn with_config<F, Fut>(flags: &Flags, job: F) -> ExitCode
 where
@@ -320,9 +315,6 @@ fn summary(tables: &std::collections::BTreeMap<String, crate::store::dump::Table
 /// Runs the daemon: SIGTERM and SIGINT drain and stop it; SIGHUP re-reads the
 /// configuration (an invalid one is reported and the running one kept).
 async fn serve(cfg: config::Config, flags: config::Flags) -> anyhow::Result<()> {
-    if cfg.database_url.is_some() {
-        anyhow::bail!(SQLITE_ONLY);
-    }
     let cancel = CancellationToken::new();
     let c = cancel.clone();
     let (tx, rx) = tokio::sync::mpsc::channel(4);

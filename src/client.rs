@@ -1016,7 +1016,7 @@ async fn image(cmd: ImageCmd) -> Result<(), ClientError> {
         }
         return Ok(());
     }
-    let store = crate::store::Store::open(&cfg.data_dir)
+    let store = crate::store::Store::open_configured(&cfg.data_dir, cfg.database_url.as_deref())
         .await
         .map_err(|e| ClientError::Other(e.to_string()))?;
     match cmd {

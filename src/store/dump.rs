@@ -662,7 +662,10 @@ mod tests {
         let col = t.columns.iter().position(|c| c == "node_id").unwrap();
         t.rows[0][col] = Value::from(999);
         let err = b.import(&e, Some(&key)).await.unwrap_err();
-        assert!(err.to_string().to_lowercase().contains("foreign key"), "{err}");
+        assert!(
+            err.to_string().to_lowercase().contains("foreign key"),
+            "{err}"
+        );
 
         assert!(b.nodes().await.unwrap().is_empty());
         let empty = b.export().await.unwrap();

@@ -267,6 +267,18 @@ impl Store {
         Ok(store)
     }
 
+    /// The configured store: PostgreSQL if `database_url` is set, else the SQLite file
+    /// in `data_dir` (which holds the secret key either way).
+    pub async fn open_configured(
+        data_dir: &Path,
+        database_url: Option<&str>,
+    ) -> Result<Store, StoreError> {
+        match database_url {
+            Some(url) => Store::open_postgres(url, data_dir).await,
+            None => Store::open(data_dir).await,
+        }
+    }
+
     /// Connects to the PostgreSQL database at `url`, whose schema `pxed migrate` has
     /// brought to this binary's version; BMC passwords are sealed with the key in
     /// `data_dir` (the same key on every instance that shares the database).

@@ -517,9 +517,10 @@ fn migrate_from_several_processes_at_once() {
 
 /// `pxed migrate --database postgres://…` from several processes at once against one
 /// new PostgreSQL database (a private cluster): each exits 0 with the same schema
-/// version and names the server as primary; the password is never printed; `serve`
-/// says it cannot run there yet; and a serving SQLite deployment is exported, imported
-/// there and exported again unchanged.
+/// version and names the server as primary; the password is never printed; a serving
+/// SQLite deployment is exported, imported there and exported again unchanged; and a
+/// daemon then serves that node from PostgreSQL (its BMC password opening under the
+/// shared key), saying so in `/healthz`.
 #[test]
 fn migrate_a_postgresql_database_from_several_processes_at_once() {
     let cluster = store_pg::cluster::Cluster::start().unwrap();
@@ -571,13 +572,6 @@ fn migrate_a_postgresql_database_from_several_processes_at_once() {
             )
             .unwrap()
             == migrations.to_string()
-    );
-    let o = run(&["serve"]).wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{err}");
-    assert!(
-        err.contains("serving from PostgreSQL is not built yet"),
-        "{err}"
     );
     // The SQLite data dir was not touched by any of it.
     assert!(!dir.path().join("pxed.sqlite").exists());
@@ -650,4 +644,36 @@ fn migrate_a_postgresql_database_from_several_processes_at_once() {
         cluster.psql("pxed", "SELECT name FROM nodes").unwrap(),
         "pg-u1"
     );
+
+    // Served from PostgreSQL: a daemon whose data dir holds the key the import sealed
+    // with (every instance on one database shares it).
+    let served = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(served.path().join("data")).unwrap();
+    std::fs::copy(
+        dir.path().join("secret-key"),
+        served.path().join("data/secret-key"),
+    )
+    .unwrap();
+    let e = daemon_in(
+        served,
+        &[("PXED_DATABASE_URL", &url), ("PXED_BMC__RETRIES", "0")],
+    );
+    let (ok, out, err) = pxed(&e, &["node", "show", "pg-u1", "--json"], "tok");
+    assert!(ok, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["bmc"]["username"], "root");
+    assert_eq!(v["events"][0]["event"], "registered");
+    let (ok, _, err) = pxed(&e, &["bmc", "check", "pg-u1"], "tok");
+    assert!(!ok && err.contains("502: unreachable"), "{err}");
+    let (ok, body, _) = crate::common::run(Command::new("curl").args(["-s", &e.url("/healthz")]));
+    assert!(ok && body.starts_with("ok\nstore: writable\n"), "{body}");
+    assert!(
+        body.contains("database: postgresql 15.")
+            && body.contains(&format!(
+                "postgres://pxed@localhost:5432/pxed?host={}, primary, schema version {migrations}",
+                cluster.socket_dir().display()
+            )),
+        "{body}"
+    );
+    assert!(!body.contains("hunter2") && !e.log_text().contains("hunter2"));
 }
