@@ -188,7 +188,7 @@ impl Store {
     /// Opens (creating if needed) `pxed.sqlite` under `data_dir` and runs migrations.
     pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
         #[cfg(test)]
-        if std::env::var("PXED_TEST_STORE").as_deref() == Ok("postgresql") {
+        if std::env::var("TEST_DATABASE").as_deref() == Ok("postgresql") {
             return Ok(test_postgres(data_dir).await);
         }
         Store::open_sqlite(data_dir).await
@@ -515,7 +515,7 @@ pub(crate) fn test_pg_database() -> (String, String) {
 }
 
 /// A store on a new, migrated database of the test cluster, its key in `data_dir`:
-/// what `Store::open` gives in unit tests run with `PXED_TEST_STORE=postgresql`, so the
+/// what `Store::open` gives in unit tests run with `TEST_DATABASE=postgresql`, so the
 /// whole unit suite can run on PostgreSQL.
 #[cfg(test)]
 async fn test_postgres(data_dir: &Path) -> Store {

@@ -5,13 +5,12 @@
 //! `reclaiming` deadline, with every attempt in the audit log and no password anywhere.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::bmc::{IpmiSim, NODE1, NODE2, PASSWORD, Peer, Sushy};
-use crate::common::{Daemon, poll, pxed_bin, repo, run, write_file};
+use crate::common::{Daemon, poll, repo, run, write_file};
 use pxed::bmc::Driver;
 
 const TOKEN: &str = "bmc-lifecycle-token";
@@ -49,7 +48,7 @@ impl Lab {
         let work = tempfile::tempdir().unwrap();
         let mirror_env = mirror(work.path());
         let dir = tempfile::tempdir().unwrap();
-        let (ok, out, err) = run(Command::new(pxed_bin())
+        let (ok, out, err) = run(crate::common::pxed_on(dir.path())
             .current_dir(repo())
             .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
             .arg(dir.path().join("data"))

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::bmc::{NODE1, PASSWORD, Sushy};
-use crate::common::{Api, Daemon, need, pxed_bin, repo, run, write_file};
+use crate::common::{Api, Daemon, need, repo, run, write_file};
 
 const TOKEN: &str = "board-token-3a9f";
 
@@ -120,7 +120,7 @@ fn data_dir_with_image() -> tempfile::TempDir {
         write_file(&mirror, &format!("{p}/initrd.img"), b"initrd");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (ok, out, err) = run(Command::new(pxed_bin())
+    let (ok, out, err) = run(crate::common::pxed_on(dir.path())
         .current_dir(repo())
         .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
         .arg(dir.path().join("data"))

@@ -225,7 +225,7 @@ fn a_reinstall_is_refused_while_the_mirror_lacks_a_file() {
         write_file(&mirror, &format!("{p}/initrd.img"), b"initrd");
     }
     let base = format!("file://{}/", mirror.display());
-    let (ok, out, err) = run(Command::new(pxed_bin())
+    let (ok, out, err) = run(crate::common::pxed_on(dir.path())
         .current_dir(repo())
         .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
         .arg(&data)
@@ -409,8 +409,16 @@ fn export_while_serving_and_import_into_a_new_data_dir() {
     let old = d.data_dir();
     let new = tempfile::tempdir().unwrap();
     let file = new.path().join("pxed.json");
+    // Each command on the store of the deployment it names (on PostgreSQL when the
+    // suite runs there: each deployment its own database).
+    let (old_dir, new_dir) = (d.dir.path().to_owned(), new.path().to_owned());
     let cli = |args: &[&str]| {
-        run(Command::new(pxed_bin())
+        let on = if args.contains(&"export") {
+            &old_dir
+        } else {
+            &new_dir
+        };
+        run(crate::common::pxed_on(on)
             .current_dir(repo())
             .args(args)
             .env_remove("PXED_API_TOKEN"))
@@ -578,7 +586,7 @@ fn migrate_a_postgresql_database_from_several_processes_at_once() {
 
     // A serving SQLite deployment moves to that database: export, import (refused
     // without the old key, then re-sealed under the data dir's key), export again.
-    let d = daemon_in(tempfile::tempdir().unwrap(), &[]);
+    let d = daemon_in(tempfile::tempdir().unwrap(), &[("TEST_DATABASE", "sqlite")]);
     let (ok, out, err) = pxed(
         &d,
         &[

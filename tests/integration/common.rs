@@ -70,6 +70,66 @@ pub async fn until<T>(what: &str, timeout: Duration, f: impl AsyncFnMut() -> Opt
     }
 }
 
+/// With `TEST_DATABASE=postgresql` (the suite's second run in CI), the PostgreSQL
+/// database of the deployment in `dir`: created and migrated on this test binary's
+/// private cluster the first time, the same one when a test restarts its daemon on the
+/// same dir (its URL is kept in `dir/database-url`). `None` otherwise: SQLite in the
+/// data dir.
+pub fn test_database(dir: &Path) -> Option<String> {
+    if std::env::var("TEST_DATABASE").as_deref() != Ok("postgresql") {
+        return None;
+    }
+    let file = dir.join("database-url");
+    if let Ok(url) = std::fs::read_to_string(&file) {
+        return Some(url);
+    }
+    let (_, url) = store_pg::cluster::Cluster::shared()
+        .new_database()
+        .expect("create a database");
+    let (ok, _, err) = run(Command::new(pxed_bin())
+        .args(["migrate", "--data-dir"])
+        .arg(dir.join("data"))
+        .env("PXED_DATABASE_URL", &url));
+    assert!(ok, "pxed migrate: {err}");
+    std::fs::write(&file, &url).expect("write database-url");
+    Some(url)
+}
+
+/// A node's agent token, read from the database of the deployment whose data dir is
+/// `data` (read-only): its SQLite file, or its PostgreSQL database.
+pub async fn agent_token_of(data: &Path, id: i64) -> String {
+    if let Some(url) = test_database(data.parent().expect("data dir in a deployment dir")) {
+        let path = url.split('?').next().unwrap_or(&url);
+        let name = path.rsplit('/').next().unwrap_or(path);
+        return store_pg::cluster::Cluster::shared()
+            .psql(
+                name,
+                &format!("SELECT agent_token FROM nodes WHERE id = {id}"),
+            )
+            .expect("psql");
+    }
+    let url = format!("sqlite://{}?mode=ro", data.join("pxed.sqlite").display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let t: String = sqlx::query_scalar("SELECT agent_token FROM nodes WHERE id = ?")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    t
+}
+
+/// `pxed` for a command that opens the store of the deployment in `dir` itself (`image
+/// add` before the daemon starts): on its PostgreSQL database when the suite runs on
+/// PostgreSQL (see [`test_database`]).
+pub fn pxed_on(dir: &Path) -> Command {
+    let mut cmd = Command::new(pxed_bin());
+    if let Some(url) = test_database(dir) {
+        cmd.env("PXED_DATABASE_URL", url);
+    }
+    cmd
+}
+
 /// A running `pxed serve` with its log captured.
 pub struct Daemon {
     pub child: Child,
@@ -120,6 +180,15 @@ impl Daemon {
             .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        // A test that needs SQLite whatever the run (a SQLite deployment moved to
+        // PostgreSQL) says `TEST_DATABASE=sqlite`.
+        let sqlite = env.contains(&("TEST_DATABASE", "sqlite"));
+        if !sqlite
+            && !env.iter().any(|(k, _)| *k == "PXED_DATABASE_URL")
+            && let Some(url) = test_database(dir.path())
+        {
+            cmd.env("PXED_DATABASE_URL", url);
         }
         if let Some(n) = nofile {
             use std::os::unix::process::CommandExt;

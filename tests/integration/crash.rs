@@ -2,14 +2,13 @@
 //! a restart the node continues (or fails with a reason when its deadline fires) and
 //! nothing in the audit log is lost. The BMC is a real Redfish emulator (sushy-tools).
 
-use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 use crate::bmc::{FaultProxy, NODE1, NODE2, PASSWORD, Sushy};
-use crate::common::{Api, Daemon, pxed_bin, repo, run, wait_for, write_file};
+use crate::common::{Api, Daemon, repo, run, wait_for, write_file};
 
 const TOKEN: &str = "crash-token";
 
@@ -56,7 +55,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (ok, out, err) = run(Command::new(pxed_bin())
+    let (ok, out, err) = run(crate::common::pxed_on(dir.path())
         .current_dir(repo())
         .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
         .arg(&data)
@@ -143,7 +142,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
         .await;
     // The first-boot agent's own token (written into the installed system; the
     // config that carries it cannot render against this test's directory mirror).
-    let agent = agent_token_of(&d.data_dir(), a).await;
+    let agent = crate::common::agent_token_of(&d.data_dir(), a).await;
     // The installer's kernel is served by pxed from the imported, checksummed copy.
     let k = api
         .http
@@ -200,17 +199,4 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     assert!(reason.starts_with("deadline: never netbooted"), "{reason}");
     assert_log_kept(&before, &after);
     assert_eq!(events(&after).last().unwrap()["event"], "deadline_expired");
-}
-
-/// A node's agent token, read from the running daemon's database (read-only).
-async fn agent_token_of(data: &std::path::Path, id: i64) -> String {
-    let url = format!("sqlite://{}?mode=ro", data.join("pxed.sqlite").display());
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let t: String = sqlx::query_scalar("SELECT agent_token FROM nodes WHERE id = ?")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-    t
 }

@@ -23,10 +23,17 @@ fn healthz_and_boot_script() {
         .lines()
         .find(|l| l.starts_with("database: "))
         .unwrap_or("");
-    assert!(
-        db.starts_with("database: sqlite /") && db.contains("pxed.sqlite, primary"),
-        "{body}"
-    );
+    if crate::common::test_database(d.dir.path()).is_some() {
+        assert!(
+            db.starts_with("database: postgresql ") && db.contains(", primary, "),
+            "{body}"
+        );
+    } else {
+        assert!(
+            db.starts_with("database: sqlite /") && db.contains("pxed.sqlite, primary"),
+            "{body}"
+        );
+    }
     let schema: i64 = db.rsplit(' ').next().unwrap().parse().unwrap();
     let migrations = std::fs::read_dir(crate::common::repo().join("migrations"))
         .unwrap()

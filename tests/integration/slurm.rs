@@ -198,7 +198,7 @@ fn pxed(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Daemon {
         write_file(&mirror, &format!("{p}/initrd.img"), b"initrd");
     }
     let mirror_env = format!("{}/", mirror.display());
-    let (ok, out, err) = run(Command::new(pxed_bin())
+    let (ok, out, err) = run(crate::common::pxed_on(dir.path())
         .current_dir(repo())
         .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
         .arg(dir.path().join("data"))
@@ -219,7 +219,7 @@ async fn play_the_node(api: &Api, d: &Daemon, id: i64) {
     let token = script[i..].split('/').next().unwrap().to_string();
     api.wait_state(d, id, "installing", Duration::from_secs(10))
         .await;
-    let agent = agent_token_of(&d.data_dir(), id).await;
+    let agent = crate::common::agent_token_of(&d.data_dir(), id).await;
     let r = api
         .http
         .post(d.url(&format!("/cb/{token}/installed")))
@@ -228,19 +228,6 @@ async fn play_the_node(api: &Api, d: &Daemon, id: i64) {
         .unwrap();
     assert_eq!(r.status(), 200);
     api.first_boot_and_health(d, &agent, "node1").await;
-}
-
-/// A node's agent token, read from the running daemon's database (read-only).
-async fn agent_token_of(data: &Path, id: i64) -> String {
-    let url = format!("sqlite://{}?mode=ro", data.join("pxed.sqlite").display());
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let t: String = sqlx::query_scalar("SELECT agent_token FROM nodes WHERE id = ?")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-    t
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -108,7 +108,7 @@ fn start() -> (Sushy, Daemon, u16, tempfile::TempDir) {
     let mirror_env = format!("{}/", mirror.display());
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (ok, out, err) = run(Command::new(pxed_bin())
+    let (ok, out, err) = run(crate::common::pxed_on(dir.path())
         .current_dir(repo())
         .args(["image", "add", "debian-13", "--demo", "--data-dir"])
         .arg(&data)
