@@ -13,9 +13,13 @@
 # Kea (kea-dhcp4-server) runs too, with two threads and memfile persist=true, the
 # setup its documentation gives for throughput.
 #
+# `pxedpg` is pxed with its store on PostgreSQL (Debian's server, a private cluster on
+# this machine's disk, synchronous_commit=on, a Unix socket; `pxed migrate` first):
+# the same durable ACKs, each batch of leases one PostgreSQL transaction.
+#
 # Usage: bench/dhcp.sh [rates...]   (root; builds pxed in release mode)
 # Env:   PERIOD=seconds per step (default 10), RANGE=distinct clients (default 50000),
-#        SERVERS="pxed kea dnsmasq" (which to run, in order),
+#        SERVERS="pxed kea dnsmasq" (which to run, in order; also pxedpg),
 #        KEA_QUEUE=Kea's packet-queue-size (default 64, Kea's own default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +43,8 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  for ns in pxbs-$tag-{p,k,d} pxbc-$tag-{p,k,d}; do ip netns del "$ns" 2>/dev/null || true; done
+  for ns in pxbs-$tag-{p,k,d,q} pxbc-$tag-{p,k,d,q}; do ip netns del "$ns" 2>/dev/null || true; done
+  [ -d "$work/pg" ] && .ci/pg-start --stop "$work/pg" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -94,18 +99,37 @@ ladder() {
 
 declare -A best
 leases='?'
+leases_pg='?'
+# pxed in full DHCP mode in netns pair $1, its data dir $2 (extra environment: $3...).
+start_pxed() {
+  local p=$1 data=$2
+  shift 2
+  pair "$p"
+  mkdir -p "$data"
+  ip netns exec pxbs-$tag-$p env "$@" "$PXED" serve --dhcp full --interface pv0 \
+    --pool 10.98.1.1-10.98.255.250 --netmask 255.255.0.0 --lease-time 1h \
+    --data-dir "$data" --ipxe-dir "$PWD/ipxe/bin" --http 10.98.0.1:80 --tftp 10.98.0.1:69 \
+    2>"$data.log" &
+  pids+=($!)
+  wait_port67 pxbs-$tag-$p || { cat "$data.log" >&2; exit 1; }
+}
 run_pxed() {
   echo "== pxed (full mode, durable leases)" >&2
-  pair p
-  mkdir -p "$work/pxed"
-  ip netns exec pxbs-$tag-p "$PXED" serve --dhcp full --interface pv0 \
-    --pool 10.98.1.1-10.98.255.250 --netmask 255.255.0.0 --lease-time 1h \
-    --data-dir "$work/pxed" --ipxe-dir "$PWD/ipxe/bin" --http 10.98.0.1:80 --tftp 10.98.0.1:69 \
-    2>"$work/pxed.log" &
-  pids+=($!)
-  wait_port67 pxbs-$tag-p || { cat "$work/pxed.log" >&2; exit 1; }
+  start_pxed p "$work/pxed"
   best[pxed]=$(ladder pxbc-$tag-p pxed)
   leases=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from leases').fetchone()[0])" "$work/pxed/pxed.sqlite" 2>/dev/null || echo '?')
+}
+run_pxedpg() {
+  chmod 755 "$work"
+  local base url
+  base=$(.ci/pg-start "$work/pg")
+  psql -X -q "$base" -c 'CREATE DATABASE pxed' >/dev/null
+  url=${base/\/postgres\?/\/pxed?}
+  echo "== pxed (full mode, durable leases) on PostgreSQL $(psql -X -At "$url" -c 'SHOW server_version')" >&2
+  PXED_DATABASE_URL=$url "$PXED" migrate --data-dir "$work/pxedpg" >&2
+  start_pxed q "$work/pxedpg" "PXED_DATABASE_URL=$url"
+  best[pxedpg]=$(ladder pxbc-$tag-q pxedpg)
+  leases_pg=$(psql -X -At "$url" -c 'SELECT count(*) FROM leases' 2>/dev/null || echo '?')
 }
 
 # Kea as its multi-threading guide sets it up for throughput: two threads (one per
@@ -158,11 +182,15 @@ printf '%-40s %s\n' "server" "DORA exchanges/s at <=1% drops"
 for server in $SERVERS; do
   case $server in
     pxed) label="pxed (durable: SQLite, $leases leases)" ;;
+    pxedpg) label="pxed (durable: PostgreSQL, $leases_pg leases)" ;;
     kea) label="kea (2 threads, persist=true)" ;;
     dnsmasq) label="dnsmasq (leases not durable)" ;;
   esac
   printf '%-40s %s\n' "$label" "${best[$server]}"
 done
+if [ -n "${best[pxed]:-}" ] && [ "${best[pxedpg]:-0}" -gt 0 ]; then
+  awk -v a="${best[pxedpg]}" -v b="${best[pxed]}" 'BEGIN { printf "ratio pxed on PostgreSQL / on SQLite: %.2fx\n", a / b }'
+fi
 for peer in kea dnsmasq; do
   if [ -n "${best[pxed]:-}" ] && [ "${best[$peer]:-0}" -gt 0 ]; then
     awk -v a="${best[pxed]}" -v b="${best[$peer]}" -v p="$peer" 'BEGIN { printf "ratio pxed/%s: %.2fx\n", p, a / b }'

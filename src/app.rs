@@ -173,6 +173,8 @@ pub async fn run(
             Some(_) => "opening the PostgreSQL store".to_string(),
             None => format!("opening the store in {}", cfg.data_dir.display()),
         })?;
+    // Held until the daemon stops: one pxed serves from a PostgreSQL database.
+    let _serving = store.lock_serving().await?;
     let token = api_token(&cfg)?;
     let state = AppState::new(
         cfg.clone(),

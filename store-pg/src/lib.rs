@@ -278,6 +278,37 @@ impl PgStore {
     }
 }
 
+/// The advisory-lock key `pxed serve` holds on its database (ASCII "pxed").
+const SERVING_LOCK: i64 = 0x7078_6564;
+
+/// Held by the one `pxed serve` on a database: a session-level advisory lock on a
+/// connection of its own, released when dropped, when the process dies, or when the
+/// server drops the connection.
+#[derive(Debug)]
+pub struct ServingLock {
+    _conn: sqlx::PgConnection,
+}
+
+impl PgStore {
+    /// Takes the serving lock, or `None` while another process holds it. Instances
+    /// that share a database do not yet divide the work between them (DHCP leases
+    /// cached in memory, BMC steps), so one serves.
+    pub async fn lock_serving(&self) -> Result<Option<ServingLock>, PgError> {
+        use sqlx::Connection;
+        let opts = self.pool.connect_options();
+        let mut conn = sqlx::PgConnection::connect_with(&opts)
+            .await
+            .map_err(|reason| PgError::Connect {
+                server: self.server.clone(),
+                reason,
+            })?;
+        let got = sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock($1) AS "got!""#, SERVING_LOCK)
+            .fetch_one(&mut conn)
+            .await?;
+        Ok(got.then_some(ServingLock { _conn: conn }))
+    }
+}
+
 /// One column of the schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {

@@ -684,4 +684,22 @@ fn migrate_a_postgresql_database_from_several_processes_at_once() {
         "{body}"
     );
     assert!(!body.contains("hunter2") && !e.log_text().contains("hunter2"));
+    // A second daemon on that database is refused while the first serves.
+    let o = run(&[
+        "serve",
+        "--demo",
+        "--http",
+        "127.0.0.1:0",
+        "--tftp",
+        "127.0.0.1:0",
+    ])
+    .wait_with_output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("another pxed is serving from postgres://pxed@localhost:5432/pxed"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
 }

@@ -16,6 +16,7 @@ mod lldp;
 mod netboot;
 mod netns;
 mod pacing;
+mod postgres;
 mod qemu;
 mod slurm;
 mod stages;
