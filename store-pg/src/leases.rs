@@ -125,7 +125,9 @@ impl PgStore {
     /// Makes `reservations` equal to `rows`, in one transaction.
     pub async fn sync_reservations(&self, rows: &[ReservationRow]) -> Result<(), PgError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query!("DELETE FROM reservations")
+        // `WHERE TRUE`: the text must differ from the SQLite store's identical
+        // statement, or both would have one hash in the offline caches.
+        sqlx::query!("DELETE FROM reservations WHERE TRUE")
             .execute(&mut *tx)
             .await?;
         let macs: Vec<String> = rows.iter().map(|r| r.mac.clone()).collect();
