@@ -44,7 +44,7 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   for ns in pxbs-$tag-{p,k,d,q} pxbc-$tag-{p,k,d,q}; do ip netns del "$ns" 2>/dev/null || true; done
-  [ -d "$work/pg" ] && .ci/pg-start --stop "$work/pg" 2>/dev/null || true
+  if [ -d "$work/pg" ]; then .ci/pg-start --stop "$work/pg" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -106,12 +106,12 @@ start_pxed() {
   shift 2
   pair "$p"
   mkdir -p "$data"
-  ip netns exec pxbs-$tag-$p env "$@" "$PXED" serve --dhcp full --interface pv0 \
+  ip netns exec "pxbs-$tag-$p" env "$@" "$PXED" serve --dhcp full --interface pv0 \
     --pool 10.98.1.1-10.98.255.250 --netmask 255.255.0.0 --lease-time 1h \
     --data-dir "$data" --ipxe-dir "$PWD/ipxe/bin" --http 10.98.0.1:80 --tftp 10.98.0.1:69 \
     2>"$data.log" &
   pids+=($!)
-  wait_port67 pxbs-$tag-$p || { cat "$data.log" >&2; exit 1; }
+  wait_port67 "pxbs-$tag-$p" || { cat "$data.log" >&2; exit 1; }
 }
 run_pxed() {
   echo "== pxed (full mode, durable leases)" >&2
