@@ -68,8 +68,9 @@ pub enum StoreError {
     ProbeTimeout(Duration),
     #[error(transparent)]
     Pg(#[from] store_pg::PgError),
-    /// The PostgreSQL backend is being ported query by query; `pxed serve` refuses a
-    /// PostgreSQL URL until it is complete, so only tests and tools meet this.
+    /// A PostgreSQL database `pxed migrate` has not brought to this binary's schema
+    /// (`serve` never migrates PostgreSQL: instances may run different versions
+    /// during an upgrade).
     #[error(
         "{server} is at schema version {have}, this pxed needs {want}: run `pxed migrate` (with this pxed) first"
     )]
@@ -82,7 +83,9 @@ pub enum StoreError {
         "another pxed is serving from {0}: several instances on one database do not divide the work yet (DHCP leases, BMC steps), so one serves at a time; stop the other one or give this one its own database"
     )]
     Serving(String),
-    #[error("{0} is not implemented on PostgreSQL yet")]
+    /// A path that only SQLite has (its group-commit writer, its file checks) reached
+    /// on PostgreSQL: every store method has its PostgreSQL branch, so this is a bug.
+    #[error("{0} is not implemented on PostgreSQL")]
     NotOnPostgres(&'static str),
 }
 
