@@ -69,8 +69,8 @@ pub enum StoreError {
     #[error(transparent)]
     Pg(#[from] store_pg::PgError),
     /// A PostgreSQL database `pxed migrate` has not brought to this binary's schema
-    /// (`serve` never migrates PostgreSQL: instances may run different versions
-    /// during an upgrade).
+    /// (`serve` never migrates PostgreSQL: a shared database's schema changes when an
+    /// operator runs `pxed migrate`, not when some instance happens to start).
     #[error(
         "{server} is at schema version {have}, this pxed needs {want}: run `pxed migrate` (with this pxed) first"
     )]
