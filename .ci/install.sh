@@ -10,7 +10,7 @@ pkgs=(iproute2 dnsmasq-base isc-dhcp-client dhcpcd-base udhcpc busybox-static
       systemd python3-venv ca-certificates shellcheck cloud-init python3-jsonschema python3-yaml
       debconf openssl chromium ovmf qemu-efi-aarch64 ipxe-qemu
       debootstrap mtools dosfstools grub-efi-amd64-bin zstd fdisk e2fsprogs cpio kmod g++
-      bsdutils pciutils slurm-wlm munge lldpd ethtool
+      bsdutils pciutils slurm-wlm munge lldpd ethtool tcpdump
       postgresql)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

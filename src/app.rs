@@ -142,6 +142,7 @@ fn reload(state: &AppState, running: &Config, new: &Config) {
             .set_policy(crate::lifecycle::transition::Policy::from_config(
                 &new.lifecycle,
             ));
+        state.lifecycle.set_owner_ttl(new.lifecycle.owner_ttl);
     }
     if live.iter().any(|k| k.starts_with("pacing.power_on_")) {
         state
@@ -157,6 +158,61 @@ fn reload(state: &AppState, running: &Config, new: &Config) {
 
 /// Runs pxed until `cancel` fires, applying each configuration that arrives on
 /// `reloads` (SIGHUP).
+/// Runs `job` while this instance holds `duty` (on SQLite: always): waits for the
+/// duty, runs the job, and stops it when the duty's lock is lost (the database went
+/// away: another instance may take the duty), then waits for the duty again. Until
+/// `cancel`.
+async fn run_as_duty<F, Fut, E>(
+    store: &Store,
+    duty: crate::store::cluster::Duty,
+    cancel: CancellationToken,
+    mut job: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    const CHECK: Duration = Duration::from_secs(1);
+    loop {
+        let mut lock = loop {
+            match store.try_duty(duty).await {
+                Ok(Some(lock)) => break lock,
+                Ok(None) => {}
+                Err(e) => tracing::warn!(?duty, error = %e, "taking a duty"),
+            }
+            tokio::select! {
+                // CANCEL-SAFETY: only waits.
+                _ = cancel.cancelled() => return Ok(()),
+                // CANCEL-SAFETY: a sleep.
+                _ = tokio::time::sleep(CHECK) => {}
+            }
+        };
+        tracing::info!(?duty, "this instance runs the duty");
+        let stop = cancel.child_token();
+        let run = job(stop.clone());
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                // CANCEL-SAFETY: the job is polled again in the next turn.
+                r = &mut run => {
+                    r?;
+                    return Ok(());
+                }
+                // CANCEL-SAFETY: a sleep.
+                _ = tokio::time::sleep(CHECK) => {
+                    if !cancel.is_cancelled() && !lock.still_held().await {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::warn!(?duty, "the duty's database lock was lost: stopping it here");
+        stop.cancel();
+        (&mut run).await?;
+    }
+}
+
 pub async fn run(
     cfg: Config,
     cancel: CancellationToken,
@@ -173,8 +229,6 @@ pub async fn run(
             Some(_) => "opening the PostgreSQL store".to_string(),
             None => format!("opening the store in {}", cfg.data_dir.display()),
         })?;
-    // Held until the daemon stops: one pxed serves from a PostgreSQL database.
-    let _serving = store.lock_serving().await?;
     let token = api_token(&cfg)?;
     let state = AppState::new(
         cfg.clone(),
@@ -292,7 +346,15 @@ pub async fn run(
         ));
         state.renders.lock().expect("lock").push(stats.clone());
         let (st, settings, c) = (store.clone(), cfg.webhooks.clone(), cancel.clone());
-        tasks.spawn(async move { Ok(crate::webhook::run(st, settings, stats, c).await?) });
+        tasks.spawn(async move {
+            // Once per database: with several instances, the one holding the duty
+            // delivers (and another takes over when it dies).
+            let duty = crate::store::cluster::Duty::Webhooks;
+            run_as_duty(&st, duty, c, |c| {
+                crate::webhook::run(st.clone(), settings.clone(), stats.clone(), c)
+            })
+            .await
+        });
         let (st, c) = (state.clone(), cancel.clone());
         let every = cfg.lifecycle.leftovers_interval;
         tasks.spawn(async move {
@@ -301,6 +363,13 @@ pub async fn run(
         });
     }
 
+    {
+        let (st, c) = (state.clone(), cancel.clone());
+        tasks.spawn(async move {
+            st.lifecycle.keep_claims(c).await;
+            Ok(())
+        });
+    }
     let resumed = state.lifecycle.resume().await?;
     if resumed > 0 {
         tracing::info!(nodes = resumed, "resumed in-progress nodes from the store");

@@ -232,6 +232,7 @@ pub struct LifecycleWire {
     pub backoff: Option<String>,
     pub netboot_observe: Option<String>,
     pub leftovers_interval: Option<String>,
+    pub owner_ttl: Option<String>,
 }
 
 /// `[bmc]`: bounds on the BMC calls the lifecycle makes while reclaiming a node.
@@ -416,6 +417,11 @@ pub struct LifecycleConfig {
     /// How often the leftovers check runs (`GET /api/v1/leftovers`).
     #[serde(with = "secs")]
     pub leftovers_interval: Duration,
+    /// With several pxed on one PostgreSQL database: how long an instance's claim on
+    /// a node it is reinstalling lasts without renewal (renewed every third of it), so
+    /// how soon another instance takes over the node when its holder dies.
+    #[serde(with = "secs")]
+    pub owner_ttl: Duration,
 }
 
 /// Validated BMC call bounds (see [`crate::bmc::CallPolicy`]). A reclaim step that
@@ -792,6 +798,7 @@ pub const BOUNDS: &[(&str, Range)] = &[
     // Firmware POST to the first DHCP DISCOVER: seconds on VMs, minutes on big servers.
     ("lifecycle.netboot_observe", Range::ms(100, DAY * 1000)),
     ("lifecycle.leftovers_interval", Range::ms(100, DAY * 1000)),
+    ("lifecycle.owner_ttl", Range::ms(300, 10 * MINUTE * 1000)),
     ("bmc.request_timeout", Range::ms(100, 5 * MINUTE * 1000)),
     ("bmc.retries", Range::count(0, 10)),
     ("bmc.power_deadline", Range::secs(1, HOUR)),
@@ -1111,6 +1118,7 @@ pub const ENV_KEYS: &[&str] = &[
     "lifecycle.backoff",
     "lifecycle.netboot_observe",
     "lifecycle.leftovers_interval",
+    "lifecycle.owner_ttl",
     "bmc.request_timeout",
     "bmc.retries",
     "bmc.power_deadline",
@@ -1416,6 +1424,11 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             "lifecycle.leftovers_interval",
             l.leftovers_interval.as_deref(),
             Duration::from_secs(60),
+        )?,
+        owner_ttl: duration(
+            "lifecycle.owner_ttl",
+            l.owner_ttl.as_deref(),
+            Duration::from_secs(10),
         )?,
     };
     let bmc = validate_bmc(w.bmc.unwrap_or_default())?;

@@ -83,6 +83,7 @@ impl AppState {
         let policy = Policy::from_config(&cfg.lifecycle);
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
         lifecycle.set_waves(crate::lifecycle::pacing::Waves::from_config(&cfg.pacing));
+        lifecycle.set_owner_ttl(cfg.lifecycle.owner_ttl);
         let pacing_stats: Arc<dyn Render> = lifecycle.pacing.clone();
         let store_health: Arc<dyn Render> = store.health();
         let discovery = cfg.discovery;
@@ -217,6 +218,13 @@ impl AppState {
             "Nodes stopped because the installer was served twice in one attempt",
             "counter",
             self.lifecycle.boot_loops.get(),
+        );
+        sample(
+            &mut out,
+            "pxed_nodes_taken_over_total",
+            "Nodes in progress this instance took over because the instance running them stopped answering for them (several pxed on one PostgreSQL database)",
+            "counter",
+            self.lifecycle.taken_over.get(),
         );
         for r in self.renders.lock().expect("lock").iter() {
             r.render(&mut out);

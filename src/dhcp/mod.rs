@@ -18,7 +18,7 @@ pub mod packet;
 pub mod stats;
 pub mod table;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,7 +32,7 @@ use crate::boot::BootDecision;
 use crate::config::{Config, DhcpMode, Pacing, Reservation};
 use crate::net::{Interface, NetError};
 use crate::pacing::{Pace, Slots, Wants, pace, wants};
-use crate::store::leases::{LeaseRow, LeaseWrite};
+use crate::store::leases::{LeaseRow, LeaseWrite, RefusedLease};
 use crate::store::{Store, StoreError};
 
 pub use decide::{Action, Decision, DropReason, Policy, Reply, ReplyKind, decide};
@@ -238,7 +238,7 @@ pub async fn serve(
         cancel: loops_cancel.clone(),
     });
     let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 2);
-    let writer = tokio::spawn(writer(rx, store.clone(), ctx.stats.clone()));
+    let writer = tokio::spawn(writer(rx, store.clone(), ctx.stats.clone(), shared.clone()));
     let mut loops = JoinSet::new();
     for s in sockets {
         let mut socks = vec![(s.dhcp, Port::Dhcp)];
@@ -545,7 +545,12 @@ async fn send(out: &Outgoing, stats: &DhcpStats) {
 
 /// Group commit: takes everything queued, commits it in one transaction, then sends
 /// the replies that waited for it. While a commit runs the next batch queues up.
-async fn writer(mut rx: mpsc::Receiver<Job>, store: Store, stats: Arc<DhcpStats>) {
+async fn writer(
+    mut rx: mpsc::Receiver<Job>,
+    store: Store,
+    stats: Arc<DhcpStats>,
+    table: Arc<Shared>,
+) {
     let mut batch = Vec::new();
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let writes: Vec<LeaseWrite> = batch
@@ -553,10 +558,21 @@ async fn writer(mut rx: mpsc::Receiver<Job>, store: Store, stats: Arc<DhcpStats>
             .flat_map(|j| j.writes.iter().cloned())
             .collect();
         match store.commit_leases(&writes).await {
-            Ok(()) => {
+            Ok(refused) => {
                 stats.commits.inc();
+                let refused: HashSet<Ipv4Addr> = if refused.is_empty() {
+                    HashSet::new()
+                } else {
+                    learn_refused(&table, refused, &stats)
+                };
                 for j in &batch {
-                    if let Some(out) = &j.reply {
+                    // A reply whose lease another instance holds is withheld: the
+                    // client retries and is offered an address that is free.
+                    let lost = !refused.is_empty()
+                        && j.writes
+                            .iter()
+                            .any(|w| matches!(w, LeaseWrite::Upsert(l) if refused.contains(&l.ip)));
+                    if let (Some(out), false) = (&j.reply, lost) {
                         send(out, &stats).await;
                     }
                 }
@@ -569,6 +585,25 @@ async fn writer(mut rx: mpsc::Receiver<Job>, store: Store, stats: Arc<DhcpStats>
         }
         batch.clear();
     }
+}
+
+/// Puts the leases another instance holds into the table in place of the ones this
+/// instance could not bind; returns the refused addresses.
+fn learn_refused(
+    shared: &Shared,
+    refused: Vec<RefusedLease>,
+    stats: &DhcpStats,
+) -> HashSet<Ipv4Addr> {
+    let mut table = shared.table.lock().unwrap_or_else(|e| e.into_inner());
+    refused
+        .into_iter()
+        .map(|r| {
+            stats.lease_conflicts.inc();
+            tracing::info!(ip = %r.ip, holder = ?r.holder.as_ref().map(|h| &h.mac), "address held by another instance: reply withheld");
+            table.learn(r.ip, r.holder.and_then(from_row));
+            r.ip
+        })
+        .collect()
 }
 
 fn to_write(op: PersistOp) -> LeaseWrite {

@@ -32,6 +32,8 @@ pub struct DhcpStats {
     pub seen_dropped: Counter,
     pub commits: Counter,
     pub commit_errors: Counter,
+    /// Leases the database refused because another instance holds the address.
+    pub lease_conflicts: Counter,
     pub send_errors: Counter,
     /// Boot clients of an architecture we have no file for (`None`: no arch sent).
     unknown_arch: Mutex<BTreeMap<Option<u16>, u64>>,
@@ -137,6 +139,12 @@ impl Render for DhcpStats {
             "pxed_dhcp_commit_errors_total",
             "Lease batches that failed to commit",
             &self.commit_errors,
+        );
+        c(
+            out,
+            "pxed_dhcp_lease_conflicts_total",
+            "Leases not bound (reply withheld) because another instance on the database holds the address",
+            &self.lease_conflicts,
         );
         c(
             out,

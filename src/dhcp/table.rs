@@ -276,6 +276,25 @@ impl LeaseTable {
         self.by_ip.insert(lease.ip, lease);
     }
 
+    /// The store refused to bind `ip` (another pxed on the same database holds it):
+    /// the table takes the holder's lease as it is, or, when the store could not say
+    /// who holds it, forgets `ip` so that the next offer is checked again. Whoever
+    /// this table thought had `ip` no longer has it.
+    pub fn learn(&mut self, ip: Ipv4Addr, holder: Option<Lease>) {
+        if let Some(prev) = self.by_ip.remove(&ip)
+            && self.by_mac.get(&prev.mac) == Some(&ip)
+        {
+            self.by_mac.remove(&prev.mac);
+        }
+        if let Some(l) = holder {
+            if l.state == LeaseState::Declined {
+                self.by_ip.insert(l.ip, l);
+            } else {
+                self.insert(l);
+            }
+        }
+    }
+
     /// Forgets every entry that expired at or before `now`; returns how many.
     pub fn sweep(&mut self, now: u64) -> usize {
         let before = self.by_ip.len();

@@ -2522,6 +2522,7 @@ mod tests {
             backoff: SECS(3),
             netboot_observe: SECS(90),
             leftovers_interval: SECS(60),
+            owner_ttl: SECS(10),
         });
         assert_eq!(p.observe_window, Some(SECS(90)));
         assert_eq!(p.deadline(S::Installing), Some(SECS(60)));

@@ -216,6 +216,13 @@ pub struct Lifecycle {
     /// Waiting, granted and delayed power cycles (`/metrics`, registered in
     /// `AppState::renders`).
     pub pacing: Arc<pacing::Stats>,
+    /// This run of this instance, as node claims name it (several pxed on one
+    /// PostgreSQL database; see `store::cluster`).
+    owner: String,
+    /// How long a claim lasts without renewal.
+    owner_ttl: std::sync::RwLock<Duration>,
+    /// Nodes taken over from an instance that died (`/metrics`).
+    pub taken_over: crate::metrics::Counter,
 }
 
 /// A power-on slot the pacer gave a power cycle.
@@ -281,7 +288,97 @@ impl Lifecycle {
             boot_loops: Default::default(),
             pacer: Mutex::new(Pacer::new(Waves::default())),
             pacing: Arc::default(),
+            owner: format!(
+                "{}:{}:{:08x}",
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_default(),
+                std::process::id(),
+                rand::random::<u32>()
+            ),
+            owner_ttl: std::sync::RwLock::new(Duration::from_secs(10)),
+            taken_over: Default::default(),
         })
+    }
+
+    /// Sets how long this instance's claims on nodes last without renewal.
+    pub fn set_owner_ttl(&self, ttl: Duration) {
+        *self.owner_ttl.write().expect("lock") = ttl;
+    }
+
+    fn owner_ttl(&self) -> Duration {
+        *self.owner_ttl.read().expect("lock")
+    }
+
+    /// With other instances on the database: keeps this instance's claims on the nodes
+    /// it is running alive, drops the deadlines of nodes another instance took, and
+    /// takes over (resumes) nodes whose holder died. Every third of the claims'
+    /// lifetime, until `cancel`. Returns at once on SQLite.
+    pub async fn keep_claims(self: &Arc<Self>, cancel: CancellationToken) {
+        if !self.store.is_shared() {
+            return;
+        }
+        loop {
+            let every = self.owner_ttl() / 3;
+            tokio::select! {
+                // CANCEL-SAFETY: only waits.
+                _ = cancel.cancelled() => return,
+                // CANCEL-SAFETY: a sleep.
+                _ = tokio::time::sleep(every) => {}
+            }
+            match self.store.renew_nodes(&self.owner, self.owner_ttl()).await {
+                Ok(Some(held)) => {
+                    let mut deadlines = self.deadlines.lock().expect("lock");
+                    deadlines.retain(|id, h| {
+                        let keep = held.contains(id);
+                        if !keep {
+                            tracing::info!(
+                                node = id,
+                                "node taken by another instance: its deadline here is dropped"
+                            );
+                            h.abort();
+                        }
+                        keep
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Cannot renew: the database is away. Claims lapse on its clock;
+                    // nothing runs there until it is back.
+                    tracing::warn!(error = %e, "renewing node claims");
+                    continue;
+                }
+            }
+            match self.resume().await {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.taken_over.add(n as u64);
+                    tracing::warn!(
+                        nodes = n,
+                        "took over nodes whose instance stopped answering for them"
+                    );
+                }
+                Err(e) => tracing::warn!(error = %e, "looking for nodes without a live instance"),
+            }
+        }
+    }
+
+    /// Makes this instance answer for node `id` after it applied an event there (it
+    /// runs the effects), or gives the node up when it came to rest.
+    async fn own(&self, id: i64, state: State) {
+        if !self.store.is_shared() {
+            return;
+        }
+        let r = if state.in_progress() {
+            self.store
+                .take_node(id, &self.owner, self.owner_ttl())
+                .await
+        } else {
+            self.store.release_node(id, &self.owner).await
+        };
+        if let Err(e) = r {
+            tracing::warn!(node = id, error = %e, "recording which instance answers for the node");
+        }
     }
 
     /// Replaces the power-on wave settings (at start and when the configuration is
@@ -380,6 +477,7 @@ impl Lifecycle {
         let (applied, effects) =
             apply::apply(&self.store, &self.policy(), id, event, actor, hooks).await?;
         if let Outcome::Changed(t) = &applied.outcome {
+            self.own(id, applied.node.state).await;
             self.notify(id, event.name(), applied.node.state);
             match event {
                 Event::NetbootNotObserved { method, .. } => {
@@ -982,7 +1080,17 @@ impl Lifecycle {
     /// is checked, not cycled twice.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, crate::store::StoreError> {
         let states: Vec<State> = State::ALL.into_iter().filter(|s| s.in_progress()).collect();
-        let nodes = self.store.nodes_in_states(&states).await?;
+        let mut nodes = self.store.nodes_in_states(&states).await?;
+        // With other instances on the database, only the nodes no live instance
+        // answers for are this one's to resume.
+        let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        if let Some(mine) = self
+            .store
+            .claim_orphans(&self.owner, self.owner_ttl(), &names)
+            .await?
+        {
+            nodes.retain(|n| mine.contains(&n.id));
+        }
         let now = chrono::Utc::now();
         let mut n = 0;
         for row in nodes {

@@ -112,7 +112,15 @@ impl Store {
     /// (`json_each`), not one statement per lease: sqlx runs SQLite on a worker thread,
     /// and every statement is a round trip to it, which at thousands of leases a second
     /// cost more than the commit itself.
-    pub async fn commit_leases(&self, writes: &[LeaseWrite]) -> Result<(), StoreError> {
+    ///
+    /// On PostgreSQL, where other instances bind leases too, an upsert binds its
+    /// address only if it is free, already this MAC's or expired: the ones refused come
+    /// back with the lease that holds the address (see `store_pg::leases`). SQLite has
+    /// one pxed, whose lease table is the truth: nothing is refused there.
+    pub async fn commit_leases(
+        &self,
+        writes: &[LeaseWrite],
+    ) -> Result<Vec<RefusedLease>, StoreError> {
         let mut last: HashMap<Ipv4Addr, &LeaseWrite> = HashMap::with_capacity(writes.len());
         for w in writes {
             let ip = match w {
@@ -148,12 +156,24 @@ impl Store {
                     expires_at: l.expires_at,
                 })
                 .collect();
-            return Ok(pg.commit_leases(&rows, &deletes).await?);
+            let now = chrono::Utc::now().timestamp();
+            let refused = pg.commit_leases(&rows, &deletes, now).await?;
+            return Ok(refused
+                .into_iter()
+                .filter_map(|r| {
+                    Some(RefusedLease {
+                        ip: r.ip.parse().ok()?,
+                        holder: r.holder.and_then(|h| {
+                            lease_row(h.ip, h.mac, h.client_id, h.hostname, h.state, h.expires_at)
+                        }),
+                    })
+                })
+                .collect());
         }
         let upserts = (!upserts.is_empty()).then(|| json(&upserts));
         let deletes = (!deletes.is_empty()).then(|| json(&deletes));
         if upserts.is_none() && deletes.is_none() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut tx = self.write().await?;
         if let Some(d) = deletes {
@@ -163,8 +183,16 @@ impl Store {
             upsert_json(&mut *tx, &u).await?;
         }
         tx.commit().await?;
-        Ok(())
+        Ok(Vec::new())
     }
+}
+
+/// An upsert [`Store::commit_leases`] refused: another MAC holds the address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedLease {
+    pub ip: Ipv4Addr,
+    /// The lease that holds it, when the database could say.
+    pub holder: Option<LeaseRow>,
 }
 
 /// A stored lease row, or `None` (with a warning) if its address does not parse.

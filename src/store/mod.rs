@@ -3,6 +3,7 @@
 //! Queries are checked at compile time against the committed `.sqlx/` cache.
 
 pub mod board;
+pub mod cluster;
 pub mod dump;
 pub mod hardware;
 pub mod images;
@@ -79,10 +80,6 @@ pub enum StoreError {
         have: i64,
         want: i64,
     },
-    #[error(
-        "another pxed is serving from {0}: several instances on one database do not divide the work yet (DHCP leases, BMC steps), so one serves at a time; stop the other one or give this one its own database"
-    )]
-    Serving(String),
     /// A path that only SQLite has (its group-commit writer, its file checks) reached
     /// on PostgreSQL: every store method has its PostgreSQL branch, so this is a bug.
     #[error("{0} is not implemented on PostgreSQL")]
@@ -307,19 +304,6 @@ impl Store {
             health: Arc::new(StoreHealth::default()),
             key,
         })
-    }
-
-    /// Makes this process the one serving from the database: on PostgreSQL the
-    /// serving lock, held while the returned guard lives; `Err` naming the server while
-    /// another pxed holds it. On SQLite nothing (one file, one daemon).
-    pub async fn lock_serving(&self) -> Result<Option<store_pg::ServingLock>, StoreError> {
-        let Db::Postgres(pg) = &self.db else {
-            return Ok(None);
-        };
-        match pg.lock_serving().await? {
-            Some(lock) => Ok(Some(lock)),
-            None => Err(StoreError::Serving(pg.describe().await?.server)),
-        }
     }
 
     /// Which database this is and its role, for `/healthz`: with SQLite, one local

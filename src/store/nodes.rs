@@ -829,6 +829,9 @@ impl Store {
         seen: &[(Mac, Option<Arch>)],
     ) -> Result<Vec<(i64, Mac)>, StoreError> {
         let mut tx = self.begin_node_tx().await?;
+        if let Tx::Pg(p) = &mut tx.tx {
+            p.lock_discovery().await?;
+        }
         let mut created = Vec::new();
         for (mac, arch) in seen {
             if tx.node_of_mac(*mac).await?.is_some() {

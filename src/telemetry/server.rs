@@ -161,9 +161,18 @@ mod tests {
     use tokio::io::AsyncWriteExt;
 
     async fn start(limits: Limits) -> (Arc<Telemetry>, std::net::SocketAddr, CancellationToken) {
-        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let addr = udp.local_addr().unwrap();
-        let tcp = TcpListener::bind(addr).await.unwrap();
+        // Syslog listens on one port number for both protocols; the UDP
+        // port the kernel picks may be taken for TCP by another test, so
+        // pick again until both are free.
+        let (udp, tcp, addr) = loop {
+            let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let addr = udp.local_addr().unwrap();
+            match TcpListener::bind(addr).await {
+                Ok(tcp) => break (udp, tcp, addr),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => panic!("bind TCP {addr}: {e}"),
+            }
+        };
         let t = Arc::new(Telemetry::default());
         let c = CancellationToken::new();
         tokio::spawn(serve(udp, tcp, t.clone(), limits, c.clone()));

@@ -82,6 +82,48 @@ impl PgStore {
         }))
     }
 
+    /// Makes `owner` the holder of `node` for `ttl`, whoever held it: the instance that
+    /// has just applied an event to the node runs its effects (deadlines, BMC steps),
+    /// so it must be the one that answers for it. A change of holder raises the fence;
+    /// the previous holder sees at its next renewal that the node is no longer its.
+    pub async fn take_node(&self, node: i64, owner: &str, ttl: Duration) -> Result<Claim, PgError> {
+        let r = sqlx::query!(
+            r#"INSERT INTO node_owners (node_id, owner, fence, expires_at)
+               VALUES ($1, $2, 1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3)
+               ON CONFLICT (node_id) DO UPDATE
+                  SET owner = EXCLUDED.owner,
+                      fence = CASE WHEN node_owners.owner = EXCLUDED.owner
+                                   THEN node_owners.fence ELSE node_owners.fence + 1 END,
+                      expires_at = EXCLUDED.expires_at
+               RETURNING fence, expires_at"#,
+            node,
+            owner,
+            ms(ttl)
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Claim {
+            fence: r.fence,
+            expires_at_ms: r.expires_at,
+        })
+    }
+
+    /// Renews every claim `owner` holds for `ttl` more, in one statement; the nodes it
+    /// still holds (those another instance took are not among them).
+    pub async fn renew_nodes(&self, owner: &str, ttl: Duration) -> Result<Vec<i64>, PgError> {
+        Ok(sqlx::query_scalar!(
+            r#"UPDATE node_owners
+                  SET expires_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $2
+                WHERE owner = $1
+                  AND expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+               RETURNING node_id"#,
+            owner,
+            ms(ttl)
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// True if `owner` still holds `node` under `fence` for at least `margin` more
     /// (the longest a BMC step may take): the check before each step.
     pub async fn holds(

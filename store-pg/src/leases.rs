@@ -16,6 +16,14 @@ pub struct LeaseRow {
     pub expires_at: i64,
 }
 
+/// An upsert [`PgStore::commit_leases`] refused: the address is another MAC's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedLease {
+    pub ip: String,
+    /// The lease that holds it, when the statement could see it.
+    pub holder: Option<LeaseRow>,
+}
+
 /// One row of `reservations`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationRow {
@@ -75,43 +83,84 @@ impl PgStore {
         Ok(r.rows_affected() == 1)
     }
 
-    /// Upserts `upserts` and deletes `deletes` in one transaction: two statements over
+    /// Deletes `deletes` and binds `upserts` in one transaction: two statements over
     /// arrays (`UNNEST`), whatever the batch size. The caller gives each address once.
+    ///
+    /// An upsert binds its address only if the address is free, already this MAC's,
+    /// or expired at `now`: the database, not an instance's lease cache, decides who
+    /// holds an address, so two instances answering at once can never bind one
+    /// address to two MACs. The upserts it refused come back with the lease that
+    /// holds the address (`None` when the holder committed after this statement's
+    /// snapshot: refused all the same).
     pub async fn commit_leases(
         &self,
         upserts: &[LeaseRow],
         deletes: &[String],
-    ) -> Result<(), PgError> {
+        now: i64,
+    ) -> Result<Vec<RefusedLease>, PgError> {
         let mut tx = self.pool.begin().await?;
         if !deletes.is_empty() {
             sqlx::query!("DELETE FROM leases WHERE ip = ANY($1)", deletes)
                 .execute(&mut *tx)
                 .await?;
         }
+        let mut refused = Vec::new();
         if !upserts.is_empty() {
             let col = |f: fn(&LeaseRow) -> String| upserts.iter().map(f).collect::<Vec<_>>();
             let opt =
                 |f: fn(&LeaseRow) -> Option<String>| upserts.iter().map(f).collect::<Vec<_>>();
             let expires: Vec<i64> = upserts.iter().map(|l| l.expires_at).collect();
-            sqlx::query!(
-                "INSERT INTO leases (ip, mac, client_id, hostname, state, expires_at)
-                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[],
-                                      $5::text[], $6::bigint[])
-                 ON CONFLICT (ip) DO UPDATE SET mac = EXCLUDED.mac,
-                     client_id = EXCLUDED.client_id, hostname = EXCLUDED.hostname,
-                     state = EXCLUDED.state, expires_at = EXCLUDED.expires_at",
+            // A conflicting row is locked by ON CONFLICT even when the WHERE refuses
+            // the update; the final SELECT reads the holder from the statement's
+            // snapshot.
+            let rows = sqlx::query!(
+                r#"WITH incoming AS (
+                     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[],
+                                          $5::text[], $6::bigint[])
+                       AS t(ip, mac, client_id, hostname, state, expires_at)),
+                   bound AS (
+                     INSERT INTO leases (ip, mac, client_id, hostname, state, expires_at)
+                     SELECT * FROM incoming
+                     ON CONFLICT (ip) DO UPDATE SET mac = EXCLUDED.mac,
+                         client_id = EXCLUDED.client_id, hostname = EXCLUDED.hostname,
+                         state = EXCLUDED.state, expires_at = EXCLUDED.expires_at
+                      WHERE leases.mac = EXCLUDED.mac OR leases.expires_at <= $7
+                     RETURNING ip)
+                   SELECT i.ip AS "ip!", l.mac AS "mac?", l.client_id AS "client_id?",
+                          l.hostname AS "hostname?", l.state AS "state?",
+                          l.expires_at AS "expires_at?"
+                     FROM incoming i LEFT JOIN leases l ON l.ip = i.ip
+                    WHERE i.ip NOT IN (SELECT ip FROM bound)"#,
                 &col(|l| l.ip.clone()),
                 &col(|l| l.mac.clone()),
                 &opt(|l| l.client_id.clone()) as &[Option<String>],
                 &opt(|l| l.hostname.clone()) as &[Option<String>],
                 &col(|l| l.state.clone()),
-                &expires
+                &expires,
+                now
             )
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
+            refused = rows
+                .into_iter()
+                .map(|r| RefusedLease {
+                    holder: match (r.mac, r.state, r.expires_at) {
+                        (Some(mac), Some(state), Some(expires_at)) => Some(LeaseRow {
+                            ip: r.ip.clone(),
+                            mac,
+                            client_id: r.client_id,
+                            hostname: r.hostname,
+                            state,
+                            expires_at,
+                        }),
+                        _ => None,
+                    },
+                    ip: r.ip,
+                })
+                .collect();
         }
         tx.commit().await?;
-        Ok(())
+        Ok(refused)
     }
 
     /// Deletes leases that expired at or before `now`; how many.

@@ -278,22 +278,17 @@ impl PgStore {
     }
 }
 
-/// The advisory-lock key `pxed serve` holds on its database (ASCII "pxed").
-const SERVING_LOCK: i64 = 0x7078_6564;
-
-/// Held by the one `pxed serve` on a database: a session-level advisory lock on a
-/// connection of its own, released when dropped, when the process dies, or when the
-/// server drops the connection.
+/// A session-level advisory lock on a connection of its own, released when dropped,
+/// when the process dies, or when the server drops the connection.
 #[derive(Debug)]
-pub struct ServingLock {
-    _conn: sqlx::PgConnection,
+pub struct AdvisoryLock {
+    conn: sqlx::PgConnection,
 }
 
 impl PgStore {
-    /// Takes the serving lock, or `None` while another process holds it. Instances
-    /// that share a database do not yet divide the work between them (DHCP leases
-    /// cached in memory, BMC steps), so one serves.
-    pub async fn lock_serving(&self) -> Result<Option<ServingLock>, PgError> {
+    /// Takes the session advisory lock `key` on a connection of its own, or `None`
+    /// while another session holds it.
+    pub async fn try_lock(&self, key: i64) -> Result<Option<AdvisoryLock>, PgError> {
         use sqlx::Connection;
         let opts = self.pool.connect_options();
         let mut conn = sqlx::PgConnection::connect_with(&opts)
@@ -302,10 +297,21 @@ impl PgStore {
                 server: self.server.clone(),
                 reason,
             })?;
-        let got = sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock($1) AS "got!""#, SERVING_LOCK)
+        let got = sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock($1) AS "got!""#, key)
             .fetch_one(&mut conn)
             .await?;
-        Ok(got.then_some(ServingLock { _conn: conn }))
+        Ok(got.then_some(AdvisoryLock { conn }))
+    }
+}
+
+impl AdvisoryLock {
+    /// False once the lock's connection no longer answers: the server has released
+    /// the lock (or will), so the holder must stop acting on it.
+    pub async fn alive(&mut self) -> bool {
+        use sqlx::Connection;
+        tokio::time::timeout(std::time::Duration::from_secs(2), self.conn.ping())
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 }
 

@@ -267,6 +267,17 @@ impl PgTx {
             .await?)
     }
 
+    /// Waits for, then holds until the transaction ends, the lock (ASCII "pxeddd")
+    /// that makes registrations by discovery one at a time across instances: two
+    /// instances that see the same new MAC at once would otherwise both insert it, and
+    /// the second's whole batch would fail on the MAC's key.
+    pub async fn lock_discovery(&mut self) -> Result<(), PgError> {
+        sqlx::query!("SELECT pg_advisory_xact_lock(123662399464548)")
+            .fetch_one(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
     /// Locks the node's row until the transaction ends (whether or not it exists).
     pub async fn lock_node(&mut self, id: i64) -> Result<(), PgError> {
         sqlx::query!("SELECT id FROM nodes WHERE id = $1 FOR UPDATE", id)

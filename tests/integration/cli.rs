@@ -684,22 +684,34 @@ fn migrate_a_postgresql_database_from_several_processes_at_once() {
         "{body}"
     );
     assert!(!body.contains("hunter2") && !e.log_text().contains("hunter2"));
-    // A second daemon on that database is refused while the first serves.
-    let o = run(&[
-        "serve",
-        "--demo",
-        "--http",
-        "127.0.0.1:0",
-        "--tftp",
-        "127.0.0.1:0",
-    ])
-    .wait_with_output()
+    // A second daemon on that database serves beside the first: one inventory, and
+    // each sees what the other changed.
+    let second = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(second.path().join("data")).unwrap();
+    std::fs::copy(
+        dir.path().join("secret-key"),
+        second.path().join("data/secret-key"),
+    )
     .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{err}");
-    assert!(
-        err.contains("another pxed is serving from postgres://pxed@localhost:5432/pxed"),
-        "{err}"
+    let f = daemon_in(second, &[("PXED_DATABASE_URL", &url)]);
+    let (ok, out, err) = pxed(&f, &["node", "show", "pg-u1", "--json"], "tok");
+    assert!(ok, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["bmc"]["username"], "root");
+    let (ok, out, err) = pxed(
+        &f,
+        &[
+            "node",
+            "add",
+            "--mac",
+            "52:54:00:00:31:02",
+            "--name",
+            "pg-u2",
+        ],
+        "tok",
     );
-    assert!(!err.contains("hunter2"), "{err}");
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = pxed(&e, &["node", "show", "pg-u2", "--json"], "tok");
+    assert!(ok, "{out}{err}");
+    assert!(!f.log_text().contains("hunter2"));
 }

@@ -10,6 +10,7 @@ mod daemon;
 mod dhcp;
 mod image_check;
 mod install;
+mod instances;
 mod inventory;
 mod lifecycle;
 mod lldp;

@@ -1,0 +1,263 @@
+//! Two pxed DHCP servers on one bridge, one PostgreSQL database: perfdhcp (Kea's load
+//! generator) runs DORA against both at once, every reply on the wire is captured
+//! (tcpdump), and each address ACKed went to one MAC only and is in the database.
+
+use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
+use dhcproto::{Decodable, Decoder};
+use pxed::config::{self, Config, DhcpMode, Flags as CfgFlags};
+use pxed::dhcp::{self, DhcpContext, DhcpStats};
+use pxed::store::Store;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::common::need;
+use super::netns::{Lan, Netns};
+
+/// Both instances allocate from one pool.
+const POOL: &str = "10.79.0.100-10.79.0.199";
+
+fn config(dir: &Path, iface: &str, ip: &str) -> Config {
+    let flags = CfgFlags {
+        interfaces: vec![iface.into()],
+        dhcp: config::DhcpFlags {
+            mode: Some(DhcpMode::Full),
+            pool: Some(POOL.into()),
+            ..Default::default()
+        },
+        data_dir: Some(dir.to_path_buf()),
+        http: Some(format!("{ip}:80").parse().unwrap()),
+        ..Default::default()
+    };
+    config::load(None, Vec::<(String, String)>::new(), &flags).unwrap()
+}
+
+struct Instance {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), dhcp::DhcpError>>,
+    stats: Arc<DhcpStats>,
+    _seen: mpsc::Receiver<dhcp::DhcpSeen>,
+}
+
+async fn start(ns: &Netns, cfg: Config, url: &str) -> Instance {
+    let h = tokio::runtime::Handle::current();
+    let c = cfg.clone();
+    let sockets = ns
+        .enter(move || {
+            let _g = h.enter();
+            dhcp::bind(&c)
+        })
+        .expect("binding DHCP in its namespace");
+    let store = Store::open_postgres(url, &cfg.data_dir).await.unwrap();
+    let stats = Arc::new(DhcpStats::default());
+    let (tx, seen) = mpsc::channel(4096);
+    let ctx = DhcpContext::new(&cfg, store, tx, stats.clone());
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(dhcp::serve(sockets, ctx, cancel.clone()));
+    Instance {
+        cancel,
+        task,
+        stats,
+        _seen: seen,
+    }
+}
+
+/// The DHCP replies in a pcap file: (message type, address, client MAC, server id).
+fn replies(pcap: &[u8]) -> Vec<(MessageType, Ipv4Addr, String, Option<Ipv4Addr>)> {
+    let mut out = Vec::new();
+    let mut at = 24; // the global header
+    while at + 16 <= pcap.len() {
+        let caplen = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &pcap[at + 16..(at + 16 + caplen).min(pcap.len())];
+        at += 16 + caplen;
+        // Ethernet, IPv4 (its header length), UDP: the BOOTP message after them.
+        if frame.len() < 14 + 20 + 8 || frame[12..14] != [0x08, 0x00] {
+            continue;
+        }
+        let ihl = usize::from(frame[14] & 0x0f) * 4;
+        let Some(payload) = frame.get(14 + ihl + 8..) else {
+            continue;
+        };
+        let Ok(m) = Message::decode(&mut Decoder::new(payload)) else {
+            continue;
+        };
+        let Some(DhcpOption::MessageType(t)) = m.opts().get(OptionCode::MessageType) else {
+            continue;
+        };
+        let server = match m.opts().get(OptionCode::ServerIdentifier) {
+            Some(DhcpOption::ServerIdentifier(s)) => Some(*s),
+            _ => None,
+        };
+        let mac = m.chaddr()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        out.push((*t, m.yiaddr(), mac, server));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
+    need("perfdhcp");
+    need("tcpdump");
+    let cluster = store_pg::cluster::Cluster::shared();
+    let (db, url) = cluster.new_database().unwrap();
+    let pg = store_pg::PgStore::connect(&url, 1).await.unwrap();
+    pg.migrate().await.unwrap();
+
+    // Instance A on the bridge, instance B and the load generator on veths into it.
+    let mut lan = Lan::new("inst", "10.79.0.1/24", 0);
+    let b = lan.add_client("instb");
+    let c = lan.add_client("instc");
+    lan.clients[b].ip(&["addr", "add", "10.79.0.2/24", "dev", "eth0"]);
+    // perfdhcp sends from the address of its interface.
+    lan.clients[c].ip(&["addr", "add", "10.79.0.3/24", "dev", "eth0"]);
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let a_srv = start(
+        &lan.server,
+        config(dirs[0].path(), "br0", "10.79.0.1"),
+        &url,
+    )
+    .await;
+    let b_srv = start(
+        &lan.clients[b],
+        config(dirs[1].path(), "eth0", "10.79.0.2"),
+        &url,
+    )
+    .await;
+
+    let cap = tempfile::tempdir().unwrap();
+    let pcap = cap.path().join("replies.pcap");
+    let mut dump = lan.clients[c]
+        .std_command("tcpdump")
+        .args(["-i", "eth0", "-U", "-s", "1500", "-w"])
+        .arg(&pcap)
+        .arg("udp src port 67")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // tcpdump says "listening on" once capturing.
+    let mut err = dump.stderr.take().unwrap();
+    let listening = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut seen = Vec::new();
+        let mut b = [0u8; 256];
+        while let Ok(n) = err.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&b[..n]);
+            if String::from_utf8_lossy(&seen).contains("listening on") {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), listening)
+            .await
+            .unwrap()
+            .unwrap(),
+        "tcpdump did not start"
+    );
+
+    // First B does not hear the LAN (its link is down) while A binds 30 clients: B's
+    // lease table knows none of those leases, as when its cache is stale. Then, with
+    // both on the LAN, 50 other clients do DORA again and again for 8 s at 400/s,
+    // each through whichever offer arrives first: B offers the addresses A bound.
+    let perfdhcp = |clients: usize, base: &str, secs: &str| {
+        let out = lan.clients[c]
+            .std_command("perfdhcp")
+            .args(["-4", "-l", "eth0", "-r", "400", "-R"])
+            .arg(clients.to_string())
+            .args(["-b", &format!("mac={base}"), "-p", secs])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    lan.clients[b].ip(&["link", "set", "eth0", "down"]);
+    let first = perfdhcp(30, "02:00:00:00:01:00", "2");
+    lan.clients[b].ip(&["link", "set", "eth0", "up"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let report = format!("{first}\n{}", perfdhcp(50, "02:00:00:00:02:00", "8"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(dump.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    dump.wait().unwrap();
+
+    let replies = replies(&std::fs::read(&pcap).unwrap());
+    let acks: Vec<_> = replies.iter().filter(|r| r.0 == MessageType::Ack).collect();
+    let by_server = |ip: Ipv4Addr| acks.iter().filter(|r| r.3 == Some(ip)).count();
+    let (from_a, from_b) = (
+        by_server("10.79.0.1".parse().unwrap()),
+        by_server("10.79.0.2".parse().unwrap()),
+    );
+    assert!(
+        from_a > 50 && from_b > 10,
+        "both instances ACK: {from_a} from A, {from_b} from B\n{report}"
+    );
+
+    // No address ever ACKed to two MACs (the lease time is far longer than the run).
+    let mut holders: HashMap<Ipv4Addr, HashSet<&str>> = HashMap::new();
+    for (_, ip, mac, _) in &acks {
+        holders.entry(*ip).or_default().insert(mac);
+    }
+    let shared: Vec<_> = holders.iter().filter(|(_, m)| m.len() > 1).collect();
+    assert!(shared.is_empty(), "addresses ACKed to two MACs: {shared:?}");
+
+    // Every ACK's lease is in the database: the last one ACKed to each address.
+    let rows = cluster
+        .psql(
+            &db,
+            "SELECT ip || ' ' || mac FROM leases WHERE state = 'bound'",
+        )
+        .unwrap();
+    let stored: HashSet<&str> = rows.lines().collect();
+    let mut last: HashMap<Ipv4Addr, &str> = HashMap::new();
+    for (_, ip, mac, _) in &acks {
+        last.insert(*ip, mac);
+    }
+    for (ip, mac) in &last {
+        assert!(
+            stored.contains(format!("{ip} {mac}").as_str()),
+            "ACKed {ip} to {mac}, not in the database"
+        );
+    }
+
+    // The allocators did meet, and the database settled it.
+    let conflicts = a_srv.stats.lease_conflicts.get() + b_srv.stats.lease_conflicts.get();
+    eprintln!(
+        "{} ACKs ({from_a} from A, {from_b} from B), {} addresses, {conflicts} leases refused by the database\n{report}",
+        acks.len(),
+        holders.len()
+    );
+    assert!(
+        conflicts > 0,
+        "the instances never offered an address the other had bound: the test proves nothing"
+    );
+
+    for s in [a_srv, b_srv] {
+        s.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), s.task)
+            .await
+            .expect("DHCP shutdown")
+            .unwrap()
+            .unwrap();
+    }
+}
