@@ -313,9 +313,11 @@ impl Lifecycle {
     /// With other instances on the database: keeps this instance's claims on the nodes
     /// it is running alive, drops the deadlines of nodes another instance took, and
     /// takes over (resumes) nodes whose holder died. Every third of the claims'
-    /// lifetime, until `cancel`. Returns at once on SQLite.
+    /// lifetime, until `cancel` (on SQLite it only waits for it: the daemon treats a
+    /// task that ends early as a server that stopped).
     pub async fn keep_claims(self: &Arc<Self>, cancel: CancellationToken) {
         if !self.store.is_shared() {
+            cancel.cancelled().await;
             return;
         }
         loop {

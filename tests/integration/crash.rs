@@ -17,21 +17,16 @@ fn events(n: &Value) -> Vec<Value> {
 }
 
 /// Every audit row from before the crash is still there, unchanged and in order.
-fn assert_log_kept(before: &Value, after: &Value) {
+pub(crate) fn assert_log_kept(before: &Value, after: &Value) {
     let (b, a) = (events(before), events(after));
     assert!(a.len() >= b.len(), "audit rows lost: {b:#?} -> {a:#?}");
     assert_eq!(&a[..b.len()], &b[..], "audit rows changed");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sigkill_in_every_in_progress_state_resumes() {
-    let sushy = Sushy::start();
-    // Node a's BMC answers its reset 5 s late, so the daemon can die with the power
-    // cycle sent and unanswered; the proxy counts every reset that reaches the BMC.
-    let proxy = FaultProxy::start(&sushy.url(), "slow-reset");
-    let work = tempfile::tempdir().unwrap();
-    // A local "mirror" with the layout the rocky-9 catalog entry expects.
-    let mirror = work.path().join("mirror");
+/// A local "mirror" under `work` with the layout the rocky-9 catalog entry expects;
+/// its base URL (a directory path) for `PXED_MIRROR_BASE`.
+pub(crate) fn rocky_mirror(work: &std::path::Path) -> String {
+    let mirror = work.join("mirror");
     crate::image_check::rocky_repo_metadata(&mirror);
     for arch in ["x86_64", "aarch64"] {
         let p = format!("rocky/9/BaseOS/{arch}/os/images/pxeboot");
@@ -46,7 +41,34 @@ async fn sigkill_in_every_in_progress_state_resumes() {
             format!("initrd {arch}").as_bytes(),
         );
     }
-    let mirror_env = format!("{}/", mirror.display());
+    format!("{}/", mirror.display())
+}
+
+/// Every audit row appears once: ids rise, and no row repeats the one before it
+/// (an event applied twice by two instances would).
+pub(crate) fn assert_rows_once(n: &Value) {
+    let ev = events(n);
+    for w in ev.windows(2) {
+        assert!(w[0]["id"].as_i64() < w[1]["id"].as_i64(), "{ev:#?}");
+        let key = |e: &Value| {
+            (
+                e["event"].clone(),
+                e["from_state"].clone(),
+                e["to_state"].clone(),
+            )
+        };
+        assert_ne!(key(&w[0]), key(&w[1]), "an audit row twice: {ev:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_in_every_in_progress_state_resumes() {
+    let sushy = Sushy::start();
+    // Node a's BMC answers its reset 5 s late, so the daemon can die with the power
+    // cycle sent and unanswered; the proxy counts every reset that reaches the BMC.
+    let proxy = FaultProxy::start(&sushy.url(), "slow-reset");
+    let work = tempfile::tempdir().unwrap();
+    let mirror_env = rocky_mirror(work.path());
     let env: Vec<(&str, &str)> = vec![
         ("PXED_API_TOKEN", TOKEN),
         ("PXED_MIRROR_BASE", &mirror_env),

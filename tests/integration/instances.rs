@@ -145,30 +145,28 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // tcpdump says "listening on" once capturing.
-    let mut err = dump.stderr.take().unwrap();
-    let listening = tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let mut seen = Vec::new();
-        let mut b = [0u8; 256];
-        while let Ok(n) = err.read(&mut b) {
-            if n == 0 {
-                break;
-            }
-            seen.extend_from_slice(&b[..n]);
-            if String::from_utf8_lossy(&seen).contains("listening on") {
-                return true;
+    // tcpdump says "listening on" once capturing; its last words (how many packets it
+    // captured) come at the end.
+    let err = dump.stderr.take().unwrap();
+    let (said, mut hear) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = said.send(line);
+        }
+    });
+    let mut words = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(l) = hear.recv().await {
+            let started = l.contains("listening on");
+            words.push(l);
+            if started {
+                return;
             }
         }
-        false
-    });
-    assert!(
-        tokio::time::timeout(Duration::from_secs(10), listening)
-            .await
-            .unwrap()
-            .unwrap(),
-        "tcpdump did not start"
-    );
+    })
+    .await
+    .unwrap_or_else(|_| panic!("tcpdump did not start: {words:?}"));
 
     // First B does not hear the LAN (its link is down) while A binds 30 clients: B's
     // lease table knows none of those leases, as when its cache is stale. Then, with
@@ -200,8 +198,12 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     )
     .unwrap();
     dump.wait().unwrap();
+    while let Ok(l) = hear.try_recv() {
+        words.push(l);
+    }
 
-    let replies = replies(&std::fs::read(&pcap).unwrap());
+    let captured = std::fs::read(&pcap).unwrap();
+    let replies = replies(&captured);
     let acks: Vec<_> = replies.iter().filter(|r| r.0 == MessageType::Ack).collect();
     let by_server = |ip: Ipv4Addr| acks.iter().filter(|r| r.3 == Some(ip)).count();
     let (from_a, from_b) = (
@@ -210,7 +212,9 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     );
     assert!(
         from_a > 50 && from_b > 10,
-        "both instances ACK: {from_a} from A, {from_b} from B\n{report}"
+        "both instances ACK: {from_a} from A, {from_b} from B ({} replies in {} bytes captured; tcpdump: {words:?})\n{report}",
+        replies.len(),
+        captured.len()
     );
 
     // No address ever ACKed to two MACs (the lease time is far longer than the run).
@@ -260,4 +264,178 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
             .unwrap()
             .unwrap();
     }
+}
+
+/// Two daemons on one database; whichever instance answers for a node in each
+/// in-progress state is killed with SIGKILL, and the other one finishes the
+/// reinstall: the BMC is reset once, netboot set once, and the audit log has each row
+/// once. The BMC is a real Redfish emulator (sushy-tools) behind a counting proxy.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_survivor_finishes_each_reinstall_when_its_instance_is_killed() {
+    use crate::bmc::{FaultProxy, NODE1, NODE2, PASSWORD, Sushy};
+    use crate::common::{Api, Daemon, pxed_bin, repo, run};
+    use crate::crash::{assert_log_kept, assert_rows_once, rocky_mirror};
+    use nix::sys::signal::Signal;
+    use serde_json::json;
+
+    const TOKEN: &str = "instances-token";
+    let cluster = store_pg::cluster::Cluster::shared();
+    let (db, url) = cluster.new_database().unwrap();
+    store_pg::PgStore::connect(&url, 1)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let sushy = Sushy::start();
+    let proxy = FaultProxy::start(&sushy.url(), "slow-reset");
+    let work = tempfile::tempdir().unwrap();
+    let mirror_env = rocky_mirror(work.path());
+    let env: Vec<(&str, &str)> = vec![
+        ("PXED_API_TOKEN", TOKEN),
+        ("PXED_MIRROR_BASE", &mirror_env),
+        ("PXED_DATABASE_URL", &url),
+        ("PXED_LIFECYCLE__MAX_ATTEMPTS", "0"),
+        ("PXED_LIFECYCLE__DEADLINES__NETBOOTING", "8s"),
+        ("PXED_LIFECYCLE__OWNER_TTL", "2s"),
+    ];
+    // Instance A's data dir gets the image; B's is a copy (the same secret key, the
+    // same image files).
+    let dir_a = tempfile::tempdir().unwrap();
+    let (ok, out, err) = run(std::process::Command::new(pxed_bin())
+        .current_dir(repo())
+        .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
+        .arg(dir_a.path().join("data"))
+        .env("PXED_DATABASE_URL", &url)
+        .env("PXED_MIRROR_BASE", &mirror_env));
+    assert!(ok, "image add: {out}{err}");
+    let dir_b = tempfile::tempdir().unwrap();
+    let (ok, _, err) = run(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(dir_a.path().join("data"))
+        .arg(dir_b.path()));
+    assert!(ok, "{err}");
+    let start = |dir: tempfile::TempDir| Daemon::start_in(dir, &[], &env);
+    let mut x = start(dir_a);
+    let mut y = start(dir_b);
+    pxed::net::install_crypto_provider();
+    let api = Api::new(TOKEN);
+    let mut ids = Vec::new();
+    for (mac, system, bmc) in [
+        ("52:54:00:12:35:56", NODE1, proxy.url()),
+        ("52:54:00:12:35:57", NODE2, sushy.url()),
+    ] {
+        let (s, v) = api
+            .call(
+                &x,
+                reqwest::Method::POST,
+                "/api/v1/nodes",
+                Some(json!({"macs": [mac], "arch": "x86_64", "bmc": {
+                    "driver": "redfish", "address": bmc, "username": "admin",
+                    "password": PASSWORD, "system_id": system}})),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["id"].as_i64().unwrap());
+    }
+    let (a, b) = (ids[0], ids[1]);
+    // Kills `d` and starts it again on its data dir (it comes back as a new instance).
+    let kill = |d: Daemon| d.kill_keep_dir(Signal::SIGKILL);
+
+    // reclaiming: X is killed with the reset sent and unanswered. Y takes the node over
+    // once X's claim lapses and checks the machine: no second reset, no second
+    // netboot override.
+    let (s, v) = api
+        .call(
+            &x,
+            reqwest::Method::POST,
+            &format!("/api/v1/nodes/{a}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    crate::common::wait_for(
+        "the reset to reach the BMC",
+        Duration::from_secs(20),
+        || (proxy.stats()["resets"].as_array().unwrap().len() == 1).then_some(()),
+    );
+    let before = api.node(&x, a).await;
+    assert_eq!(before["state"], "reclaiming");
+    let dir_x = kill(x);
+    let after = api
+        .wait_state(&y, a, "netbooting", Duration::from_secs(60))
+        .await;
+    assert_log_kept(&before, &after);
+    assert!(y.logged("took over nodes"), "{}", y.log_text());
+    let stats = proxy.stats();
+    assert_eq!(stats["resets"].as_array().unwrap().len(), 1, "{stats}");
+    assert_eq!(stats["patches"], 1, "netboot not set again: {stats}");
+    x = start(dir_x);
+
+    // netbooting -> installing through X (the restarted one): X answers for the node.
+    let script = api.text(&x, "/boot/52:54:00:12:35:56.ipxe").await;
+    assert!(script.contains("/images/rocky-9/x86_64/kernel"), "{script}");
+    let i = script.find("/cfg/").unwrap() + 5;
+    let token = script[i..].split('/').next().unwrap().to_string();
+    let before = api
+        .wait_state(&x, a, "installing", Duration::from_secs(5))
+        .await;
+    let agent = cluster
+        .psql(
+            &db,
+            &format!("SELECT agent_token FROM nodes WHERE id = {a}"),
+        )
+        .unwrap();
+
+    // installing: X killed; the installer's callback reaches Y.
+    let dir_x = kill(x);
+    let r = api
+        .http
+        .post(y.url(&format!("/cb/{token}/installed")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let after = api
+        .wait_state(&y, a, "first_boot", Duration::from_secs(5))
+        .await;
+    assert_log_kept(&before, &after);
+    x = start(dir_x);
+
+    // first_boot: Y (which applied `installed`) killed; the agent reports to X.
+    let before = after;
+    let dir_y = kill(y);
+    api.first_boot_and_health(&x, &agent, "node-123556").await;
+    let after = api
+        .wait_state(&x, a, "available", Duration::from_secs(5))
+        .await;
+    assert_log_kept(&before, &after);
+    assert_rows_once(&after);
+    assert_eq!(after["hostname"], "node-123556");
+    y = start(dir_y);
+
+    // netbooting: the node never fetches its script and X, which runs its deadline,
+    // is killed: Y takes the node over, and the deadline fails it naming the stage.
+    let (s, _) = api
+        .call(
+            &x,
+            reqwest::Method::POST,
+            &format!("/api/v1/nodes/{b}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+        )
+        .await;
+    assert_eq!(s, 202);
+    let before = api
+        .wait_state(&x, b, "netbooting", Duration::from_secs(60))
+        .await;
+    let _dir_x = kill(x);
+    let after = api
+        .wait_state(&y, b, "failed", Duration::from_secs(30))
+        .await;
+    assert_eq!(after["failed_step"], "netbooting");
+    let reason = after["failed_reason"].as_str().unwrap();
+    assert!(reason.starts_with("deadline: never netbooted"), "{reason}");
+    assert_log_kept(&before, &after);
+    assert_rows_once(&after);
+    assert!(y.logged("took over nodes"), "{}", y.log_text());
 }
