@@ -369,6 +369,11 @@ pub async fn run(
             st.lifecycle.keep_claims(c).await;
             Ok(())
         });
+        let (st, c) = (state.clone(), cancel.clone());
+        tasks.spawn(async move {
+            st.lifecycle.follow_others(c).await;
+            Ok(())
+        });
     }
     let resumed = state.lifecycle.resume().await?;
     if resumed > 0 {

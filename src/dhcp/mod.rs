@@ -237,6 +237,21 @@ pub async fn serve(
         held: Mutex::new(HashMap::new()),
         cancel: loops_cancel.clone(),
     });
+    // With other instances on the database, the table follows what they commit.
+    let follower = match store.changes().await {
+        Ok(Some(changes)) if ctx_full(&shared) => Some(tokio::spawn(follow(
+            changes,
+            store.clone(),
+            shared.clone(),
+            loops_cancel.clone(),
+        ))),
+        Ok(_) => None,
+        Err(e) => {
+            // Not fatal: the database still refuses every lease another holds.
+            tracing::warn!(error = %e, "not following other instances' leases");
+            None
+        }
+    };
     let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 2);
     let writer = tokio::spawn(writer(rx, store.clone(), ctx.stats.clone(), shared.clone()));
     let mut loops = JoinSet::new();
@@ -283,6 +298,9 @@ pub async fn serve(
     }
     loops_cancel.cancel();
     while loops.join_next().await.is_some() {}
+    if let Some(f) = follower {
+        let _ = f.await;
+    }
     // Every sender is gone now: the writer commits what is left and ends.
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "DHCP lease writer panicked");
@@ -584,6 +602,88 @@ async fn writer(
             }
         }
         batch.clear();
+    }
+}
+
+fn ctx_full(shared: &Shared) -> bool {
+    shared.policy.mode == DhcpMode::Full
+}
+
+/// Most addresses reloaded in one query when other instances' changes come in a burst.
+const FOLLOW_BATCH: usize = 512;
+
+/// Keeps the lease table in step with what other instances commit: each announced
+/// address is read back from the database (a burst in one query) and put in the
+/// table; after a lost connection every lease is read again. Until `cancel`.
+async fn follow(
+    mut changes: store_pg::coord::Changes,
+    store: Store,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    use store_pg::coord::Change;
+    loop {
+        let first = tokio::select! {
+            // CANCEL-SAFETY: only waits.
+            _ = cancel.cancelled() => return,
+            // CANCEL-SAFETY: a notification is consumed only when next() completes.
+            c = changes.next() => c,
+        };
+        let mut ips: Vec<Ipv4Addr> = Vec::new();
+        let mut resync = false;
+        let note = |c: Change, ips: &mut Vec<Ipv4Addr>, resync: &mut bool| match c {
+            Change::Lease(ip) => ips.extend(ip.parse::<Ipv4Addr>().ok()),
+            Change::Resync => *resync = true,
+            Change::Event { .. } => {}
+        };
+        match first {
+            Ok(c) => note(c, &mut ips, &mut resync),
+            Err(e) => {
+                tracing::warn!(error = %e, "listening for other instances' leases; again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        }
+        // Whatever else is already announced joins this batch.
+        while ips.len() < FOLLOW_BATCH {
+            match tokio::time::timeout(Duration::from_millis(5), changes.next()).await {
+                Ok(Ok(c)) => note(c, &mut ips, &mut resync),
+                _ => break,
+            }
+        }
+        let rows = if resync {
+            store.load_leases(unix_now() as i64).await
+        } else {
+            store.leases_at(&ips).await
+        };
+        let rows = match rows {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading leases other instances changed");
+                continue;
+            }
+        };
+        let stored: HashMap<Ipv4Addr, Lease> = rows
+            .into_iter()
+            .filter_map(from_row)
+            .map(|l| (l.ip, l))
+            .collect();
+        shared
+            .stats
+            .leases_followed
+            .add(if resync { stored.len() } else { ips.len() } as u64);
+        let mut table = shared.table.lock().unwrap_or_else(|e| e.into_inner());
+        if resync {
+            for (ip, l) in stored {
+                table.follow(ip, Some(l));
+            }
+        } else {
+            // An address announced twice in one burst is read once: the row is as
+            // it is now, whichever change came last.
+            for ip in ips {
+                table.follow(ip, stored.get(&ip).cloned());
+            }
+        }
     }
 }
 

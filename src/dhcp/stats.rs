@@ -34,6 +34,8 @@ pub struct DhcpStats {
     pub commit_errors: Counter,
     /// Leases the database refused because another instance holds the address.
     pub lease_conflicts: Counter,
+    /// Leases other instances on the database changed, read back into the table.
+    pub leases_followed: Counter,
     pub send_errors: Counter,
     /// Boot clients of an architecture we have no file for (`None`: no arch sent).
     unknown_arch: Mutex<BTreeMap<Option<u16>, u64>>,
@@ -145,6 +147,12 @@ impl Render for DhcpStats {
             "pxed_dhcp_lease_conflicts_total",
             "Leases not bound (reply withheld) because another instance on the database holds the address",
             &self.lease_conflicts,
+        );
+        c(
+            out,
+            "pxed_dhcp_leases_followed_total",
+            "Lease changes other instances on the database committed, read back into this instance's lease table",
+            &self.leases_followed,
         );
         c(
             out,

@@ -295,6 +295,29 @@ impl LeaseTable {
         }
     }
 
+    /// Another instance changed the lease of `ip` (announced by the database): the
+    /// table takes `stored`, the row as it is now, or forgets the lease when there is
+    /// none (released or expired there). An offer this instance holds in memory only
+    /// stays: the database has no row for it, and the commit decides it anyway.
+    pub fn follow(&mut self, ip: Ipv4Addr, stored: Option<Lease>) {
+        match stored {
+            Some(l) => {
+                if self.by_ip.get(&ip) != Some(&l) {
+                    self.learn(ip, Some(l));
+                }
+            }
+            None => {
+                if self
+                    .by_ip
+                    .get(&ip)
+                    .is_some_and(|l| l.state != LeaseState::Offered)
+                {
+                    self.learn(ip, None);
+                }
+            }
+        }
+    }
+
     /// Forgets every entry that expired at or before `now`; returns how many.
     pub fn sweep(&mut self, now: u64) -> usize {
         let before = self.by_ip.len();

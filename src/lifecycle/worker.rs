@@ -241,6 +241,10 @@ pub struct NodeChange {
     pub event: String,
     pub state: State,
     pub at: String,
+    /// Made by another instance on the database (shown on the board; its stages are
+    /// that instance's to record).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub remote: bool,
 }
 
 impl std::fmt::Debug for Lifecycle {
@@ -511,7 +515,61 @@ impl Lifecycle {
             event: event.to_string(),
             state,
             at: crate::store::nodes::now(),
+            remote: false,
         });
+    }
+
+    /// Publishes what other instances on the database commit (their audit rows) to
+    /// this instance's status pages, until `cancel` (on SQLite it only waits for it: a
+    /// task that ends is a stopped server).
+    pub async fn follow_others(self: &Arc<Self>, cancel: CancellationToken) {
+        use store_pg::coord::Change;
+        let mut changes = loop {
+            match self.store.changes().await {
+                Ok(Some(c)) => break c,
+                Ok(None) => {
+                    cancel.cancelled().await;
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "listening for other instances' changes; again in 1 s")
+                }
+            }
+            tokio::select! {
+                // CANCEL-SAFETY: only waits.
+                _ = cancel.cancelled() => return,
+                // CANCEL-SAFETY: a sleep.
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        };
+        loop {
+            let c = tokio::select! {
+                // CANCEL-SAFETY: only waits.
+                _ = cancel.cancelled() => return,
+                // CANCEL-SAFETY: a notification is consumed only when next() completes.
+                c = changes.next() => c,
+            };
+            match c {
+                Ok(Change::Event { id, .. }) => match self.store.event(id).await {
+                    Ok(Some(e)) => {
+                        let _ = self.changes.send(NodeChange {
+                            node_id: e.node_id,
+                            event: e.event,
+                            state: e.to_state,
+                            at: e.at,
+                            remote: true,
+                        });
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "reading another instance's audit row"),
+                },
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "listening for other instances' changes; again in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
     }
 
     /// A live stream of changes.
@@ -713,7 +771,17 @@ impl Lifecycle {
         // then checks the machine instead of cycling it a second time.
         let claim = match self
             .store
-            .claim_bmc_step(id, generation, attempt, step)
+            .claim_bmc_step(
+                id,
+                generation,
+                attempt,
+                step,
+                Some(store_pg::steps::Holder {
+                    owner: &self.owner,
+                    // The claim is renewed every third of its lifetime.
+                    margin: self.owner_ttl() / 2,
+                }),
+            )
             .await
         {
             Ok(c) => c,
@@ -737,6 +805,11 @@ impl Lifecycle {
             }
             Claim::NotCurrent => {
                 tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
+                self.release(paced.as_ref());
+                return;
+            }
+            Claim::NotHeld => {
+                tracing::warn!(node = id, %step, "another instance answers for the node now: BMC step not sent here");
                 self.release(paced.as_ref());
                 return;
             }

@@ -95,6 +95,8 @@ pub async fn run(
             _ = gauges.tick() => refresh_gauges(&st).await,
             // CANCEL-SAFETY: broadcast recv is cancel-safe.
             c = changes.recv(), if changes_open => match c {
+                // Another instance's change: that instance records its stages.
+                Ok(c) if c.remote => {}
                 Ok(c) => batch.extend(of_change(&c)),
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     st.stages.stats.dropped.add(n);

@@ -90,6 +90,7 @@ fn lifecycle_events_map_to_stages() {
         event: event.into(),
         state,
         at: at(0),
+        remote: false,
     };
     let stages = |c: &NodeChange| -> Vec<(Stage, Option<String>)> {
         recorder::of_change(c)

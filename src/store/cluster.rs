@@ -42,6 +42,52 @@ impl DutyLock {
 }
 
 impl Store {
+    /// What other instances commit from now on (leases, audit rows); `None` on SQLite.
+    pub async fn changes(&self) -> Result<Option<store_pg::coord::Changes>, StoreError> {
+        let Db::Postgres(pg) = &self.db else {
+            return Ok(None);
+        };
+        Ok(Some(pg.changes().await?))
+    }
+
+    /// The lease rows of `ips`, as stored now (empty on SQLite: one pxed, whose lease
+    /// table is the truth).
+    pub async fn leases_at(
+        &self,
+        ips: &[std::net::Ipv4Addr],
+    ) -> Result<Vec<super::leases::LeaseRow>, StoreError> {
+        let Db::Postgres(pg) = &self.db else {
+            return Ok(Vec::new());
+        };
+        let ips: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
+        Ok(pg
+            .leases_at(&ips)
+            .await?
+            .into_iter()
+            .filter_map(|r| {
+                super::leases::lease_row(
+                    r.ip,
+                    r.mac,
+                    r.client_id,
+                    r.hostname,
+                    r.state,
+                    r.expires_at,
+                )
+            })
+            .collect())
+    }
+
+    /// One audit row by id (`None` on SQLite, or when there is none).
+    pub async fn event(
+        &self,
+        id: i64,
+    ) -> Result<Option<crate::model::rows::EventView>, StoreError> {
+        let Db::Postgres(pg) = &self.db else {
+            return Ok(None);
+        };
+        Ok(pg.event(id).await?)
+    }
+
     /// True when other pxed instances may share this database (PostgreSQL).
     pub fn is_shared(&self) -> bool {
         matches!(self.db, Db::Postgres(_))

@@ -14,6 +14,9 @@ pub enum Claim {
     AlreadySent { at: String },
     /// The node has moved on (another state, generation or attempt): skip the step.
     NotCurrent,
+    /// Another instance on the database answers for the node now (or this one's
+    /// claim is about to lapse): do not send the step.
+    NotHeld,
 }
 
 /// The last BMC step recorded for a node.
@@ -44,6 +47,7 @@ impl Store {
         generation: i64,
         attempt: u32,
         step: BmcStep,
+        holder: Option<store_pg::steps::Holder<'_>>,
     ) -> Result<Claim, StoreError> {
         let attempt = i64::from(attempt);
         if let Db::Postgres(pg) = &self.db {
@@ -51,12 +55,13 @@ impl Store {
             let at = super::nodes::now();
             return Ok(
                 match pg
-                    .record_bmc_step(node_id, generation, attempt, step, &at)
+                    .record_bmc_step(node_id, generation, attempt, step, &at, holder)
                     .await?
                 {
                     Recorded::Send => Claim::Send,
                     Recorded::AlreadySent { at } => Claim::AlreadySent { at },
                     Recorded::NotCurrent => Claim::NotCurrent,
+                    Recorded::NotHeld => Claim::NotHeld,
                 },
             );
         }

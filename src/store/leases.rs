@@ -196,7 +196,7 @@ pub struct RefusedLease {
 }
 
 /// A stored lease row, or `None` (with a warning) if its address does not parse.
-fn lease_row(
+pub(super) fn lease_row(
     ip: String,
     mac: String,
     client_id: Option<String>,

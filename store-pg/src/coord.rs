@@ -333,6 +333,8 @@ pub enum Change {
 /// The stream of [`Change`]s (`LISTEN` on one connection of its own).
 pub struct Changes {
     listener: sqlx::postgres::PgListener,
+    /// This store's own sessions: what they committed is not announced again.
+    own: super::OwnSessions,
 }
 
 impl std::fmt::Debug for Changes {
@@ -345,11 +347,16 @@ const LEASES: &str = "pxed_leases";
 const EVENTS: &str = "pxed_events";
 
 impl PgStore {
-    /// Starts listening; changes committed from now on are announced in commit order.
+    /// Starts listening; changes other instances (other stores) commit from now on are
+    /// announced in commit order. This store's own changes are not: its caller knows
+    /// them already.
     pub async fn changes(&self) -> Result<Changes, PgError> {
         let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
         listener.listen_all([LEASES, EVENTS]).await?;
-        Ok(Changes { listener })
+        Ok(Changes {
+            listener,
+            own: self.own.clone(),
+        })
     }
 }
 
@@ -361,6 +368,14 @@ impl Changes {
             let Some(n) = self.listener.try_recv().await? else {
                 return Ok(Change::Resync);
             };
+            let mine = self
+                .own
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&n.process_id());
+            if mine {
+                continue;
+            }
             let payload = n.payload();
             match n.channel() {
                 LEASES => return Ok(Change::Lease(payload.to_owned())),

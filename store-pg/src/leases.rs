@@ -45,6 +45,18 @@ impl PgStore {
         .await?)
     }
 
+    /// The lease rows of `ips` (those that have one).
+    pub async fn leases_at(&self, ips: &[String]) -> Result<Vec<LeaseRow>, PgError> {
+        Ok(sqlx::query_as!(
+            LeaseRow,
+            "SELECT ip, mac, client_id, hostname, state, expires_at FROM leases
+              WHERE ip = ANY($1)",
+            ips
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Addresses bound at `now` to any MAC of node `node_id`.
     pub async fn leased_ips(&self, node_id: i64, now: i64) -> Result<Vec<String>, PgError> {
         Ok(sqlx::query_scalar!(

@@ -97,7 +97,13 @@ impl std::fmt::Display for Description {
 pub struct PgStore {
     pool: PgPool,
     server: String,
+    /// The server process ids of this pool's connections: a change this store made is
+    /// announced back to its own listener too, and is told apart by them.
+    own: OwnSessions,
 }
+
+/// The backend process ids of one pool's connections (`pg_backend_pid()`).
+pub(crate) type OwnSessions = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<u32>>>;
 
 /// How long a connection attempt may take before it counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -148,16 +154,30 @@ impl PgStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<PgStore, PgError> {
         let opts = parse_url(url)?;
         let server = redacted(&opts);
+        let own = OwnSessions::default();
+        let mine = own.clone();
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(CONNECT_TIMEOUT)
+            .after_connect(move |conn, _| {
+                let mine = mine.clone();
+                Box::pin(async move {
+                    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    mine.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(pid.unsigned_abs());
+                    Ok(())
+                })
+            })
             .connect_with(opts)
             .await
             .map_err(|reason| PgError::Connect {
                 server: server.clone(),
                 reason,
             })?;
-        Ok(PgStore { pool, server })
+        Ok(PgStore { pool, server, own })
     }
 
     /// Applies the migrations this binary has and the database lacks. Safe from

@@ -129,6 +129,19 @@ impl PgStore {
         .await?)
     }
 
+    /// One audit row, by its id (announced by another instance).
+    pub async fn event(&self, id: i64) -> Result<Option<EventView>, PgError> {
+        Ok(sqlx::query_as!(
+            EventView,
+            r#"SELECT id, node_id, generation, from_state AS "from_state: _", event,
+                      to_state AS "to_state: _", at, actor, detail
+                 FROM node_events WHERE id = $1"#,
+            id
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// The BMC endpoint of a node (without secret).
     pub async fn bmc(&self, node_id: i64) -> Result<Option<BmcRow>, PgError> {
         Ok(sqlx::query_as!(BmcRow, r#"SELECT node_id, driver AS "driver: _", address, username, system_id, tls_pin, tls_insecure FROM bmcs WHERE node_id = $1"#, node_id)

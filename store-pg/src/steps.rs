@@ -17,6 +17,17 @@ pub enum Recorded {
     AlreadySent { at: String },
     /// The node is not in `reclaiming` at this generation and attempt.
     NotCurrent,
+    /// The instance asking does not answer for the node (another took it over, or its
+    /// claim would lapse within the margin): it must not send the step.
+    NotHeld,
+}
+
+/// Who asks to record a step, with several instances on the database: the step is
+/// recorded only while `owner`'s claim on the node lasts at least `margin` more.
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    pub owner: &'a str,
+    pub margin: std::time::Duration,
 }
 
 /// The last BMC step recorded for a node: (generation, attempt, step, sent at).
@@ -35,8 +46,28 @@ impl PgStore {
         attempt: i64,
         step: BmcStep,
         at: &str,
+        holder: Option<Holder<'_>>,
     ) -> Result<Recorded, PgError> {
         let mut tx = self.pool.begin().await?;
+        if let Some(h) = holder {
+            // The claim's row stays locked until the record commits, so a takeover
+            // cannot slip between this check and the record.
+            let margin = i64::try_from(h.margin.as_millis()).unwrap_or(i64::MAX);
+            let held = sqlx::query_scalar!(
+                r#"SELECT node_id FROM node_owners
+                    WHERE node_id = $1 AND owner = $2
+                      AND expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3
+                    FOR UPDATE"#,
+                node_id,
+                h.owner,
+                margin
+            )
+            .fetch_optional(&mut *tx)
+            .await?;
+            if held.is_none() {
+                return Ok(Recorded::NotHeld);
+            }
+        }
         let current = sqlx::query!(
             r#"SELECT state AS "state: State", generation, attempt FROM nodes
                 WHERE id = $1 FOR UPDATE"#,

@@ -271,6 +271,18 @@ async fn each_instance_hears_the_lease_and_audit_changes_the_others_commit() {
     }
     assert_eq!(granted.unwrap(), LeaseClaim::Granted);
     assert_eq!(next(&mut heard).await, Change::Lease("10.0.0.20".into()));
+    // What the listening store commits itself is not announced back to it.
+    let theirs = NewLease {
+        ip: "10.0.0.21",
+        ..lease.clone()
+    };
+    b.claim_lease(&theirs, 1_900_000_000).await.unwrap();
+    let ours = NewLease {
+        ip: "10.0.0.22",
+        ..lease.clone()
+    };
+    a.claim_lease(&ours, 1_900_000_000).await.unwrap();
+    assert_eq!(next(&mut heard).await, Change::Lease("10.0.0.22".into()));
 }
 
 /// BMC steps under claims: the holder records and sends; after a takeover the old

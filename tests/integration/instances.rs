@@ -1,6 +1,11 @@
-//! Two pxed DHCP servers on one bridge, one PostgreSQL database: perfdhcp (Kea's load
-//! generator) runs DORA against both at once, every reply on the wire is captured
-//! (tcpdump), and each address ACKed went to one MAC only and is in the database.
+//! Several pxed on one PostgreSQL database.
+//!
+//! DHCP: two servers on one bridge, perfdhcp (Kea's load generator) against both, every
+//! reply on the wire captured (tcpdump): no address ACKed to two MACs, every ACK
+//! stored; a stale lease table is corrected by the database at commit, and a table
+//! that follows the database's announcements offers nothing the other bound.
+//! Reinstalls: two daemons, the one running a node killed in each state; the other
+//! finishes.
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -21,7 +26,7 @@ use super::common::need;
 use super::netns::{Lan, Netns};
 
 /// Both instances allocate from one pool.
-const POOL: &str = "10.79.0.100-10.79.0.199";
+const POOL: &str = "10.79.0.20-10.79.0.250";
 
 fn config(dir: &Path, iface: &str, ip: &str) -> Config {
     let flags = CfgFlags {
@@ -113,17 +118,23 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     let pg = store_pg::PgStore::connect(&url, 1).await.unwrap();
     pg.migrate().await.unwrap();
 
-    // Instance A on the bridge, instance B and the load generator on veths into it.
-    let mut lan = Lan::new("inst", "10.79.0.1/24", 0);
+    // Instances A and B and the load generator, each on a veth into one bridge.
+    let mut lan = Lan::new("inst", "10.79.0.254/24", 0);
+    let a = lan.add_client("insta");
     let b = lan.add_client("instb");
     let c = lan.add_client("instc");
-    lan.clients[b].ip(&["addr", "add", "10.79.0.2/24", "dev", "eth0"]);
-    // perfdhcp sends from the address of its interface.
-    lan.clients[c].ip(&["addr", "add", "10.79.0.3/24", "dev", "eth0"]);
+    for (i, ip) in [
+        (a, "10.79.0.1/24"),
+        (b, "10.79.0.2/24"),
+        (c, "10.79.0.3/24"),
+    ] {
+        // perfdhcp sends from the address of its interface.
+        lan.clients[i].ip(&["addr", "add", ip, "dev", "eth0"]);
+    }
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let a_srv = start(
-        &lan.server,
-        config(dirs[0].path(), "br0", "10.79.0.1"),
+        &lan.clients[a],
+        config(dirs[0].path(), "eth0", "10.79.0.1"),
         &url,
     )
     .await;
@@ -168,10 +179,6 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     .await
     .unwrap_or_else(|_| panic!("tcpdump did not start: {words:?}"));
 
-    // First B does not hear the LAN (its link is down) while A binds 30 clients: B's
-    // lease table knows none of those leases, as when its cache is stale. Then, with
-    // both on the LAN, 50 other clients do DORA again and again for 8 s at 400/s,
-    // each through whichever offer arrives first: B offers the addresses A bound.
     let perfdhcp = |clients: usize, base: &str, secs: &str| {
         let out = lan.clients[c]
             .std_command("perfdhcp")
@@ -186,11 +193,44 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
             String::from_utf8_lossy(&out.stderr)
         )
     };
-    lan.clients[b].ip(&["link", "set", "eth0", "down"]);
-    let first = perfdhcp(30, "02:00:00:00:01:00", "2");
-    lan.clients[b].ip(&["link", "set", "eth0", "up"]);
+    let link = |i: usize, up: &str| lan.clients[i].ip(&["link", "set", "eth0", up]);
+    let announce = |on: &str| {
+        cluster
+            .psql(
+                &db,
+                &format!("ALTER TABLE leases {on} TRIGGER leases_notify"),
+            )
+            .unwrap()
+    };
+    // 1. A binds 30 clients while B is off the LAN and, the database's announcements
+    //    switched off, B's lease table cannot hear of them: a stale cache.
+    announce("DISABLE");
+    link(b, "down");
+    let mut report = perfdhcp(30, "02:00:00:00:01:00", "2");
+    link(b, "up");
+    announce("ENABLE");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let report = format!("{first}\n{}", perfdhcp(50, "02:00:00:00:02:00", "8"));
+    // 2. B alone (A off the LAN) serves 10 new clients: it offers the addresses A
+    //    bound in 1, and the database refuses each; B learns the holder's lease and
+    //    offers the next address.
+    link(a, "down");
+    report += &perfdhcp(10, "02:00:00:00:02:00", "1");
+    link(a, "up");
+    let refused_stale = b_srv.stats.lease_conflicts.get();
+    // 3. Both on the LAN: 40 other clients do DORA again and again for 6 s at 400/s,
+    //    each through whichever offer arrives first.
+    report += &perfdhcp(40, "02:00:00:00:03:00", "6");
+    // 4. A binds 20 more while B is off the LAN; this time B hears of them.
+    link(b, "down");
+    report += &perfdhcp(20, "02:00:00:00:04:00", "2");
+    link(b, "up");
+    // 5. B alone serves 20 new clients: it offers none of the addresses A bound in 4.
+    link(a, "down");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b_before = b_srv.stats.lease_conflicts.get();
+    report += &perfdhcp(20, "02:00:00:00:05:00", "2");
+    let refused_followed = b_srv.stats.lease_conflicts.get() - b_before;
+    link(a, "up");
     tokio::time::sleep(Duration::from_millis(500)).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(dump.id() as i32),
@@ -211,7 +251,7 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
         by_server("10.79.0.2".parse().unwrap()),
     );
     assert!(
-        from_a > 50 && from_b > 10,
+        from_a > 50 && from_b > 50,
         "both instances ACK: {from_a} from A, {from_b} from B ({} replies in {} bytes captured; tcpdump: {words:?})\n{report}",
         replies.len(),
         captured.len()
@@ -244,16 +284,32 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
         );
     }
 
-    // The allocators did meet, and the database settled it.
-    let conflicts = a_srv.stats.lease_conflicts.get() + b_srv.stats.lease_conflicts.get();
+    // The database refused what B's stale table offered (2), and B, following the
+    // database's announcements, offered none of what A bound while it was away (5).
+    let phase = |r: &&(MessageType, Ipv4Addr, String, Option<Ipv4Addr>), p: &str| {
+        r.2.starts_with(&format!("02:00:00:00:0{p}:"))
+    };
+    let bound_in_4: HashSet<Ipv4Addr> =
+        acks.iter().filter(|r| phase(r, "4")).map(|r| r.1).collect();
+    let offered_in_5: HashSet<Ipv4Addr> = replies
+        .iter()
+        .filter(|r| r.0 == MessageType::Offer && phase(r, "5"))
+        .map(|r| r.1)
+        .collect();
     eprintln!(
-        "{} ACKs ({from_a} from A, {from_b} from B), {} addresses, {conflicts} leases refused by the database\n{report}",
+        "{} ACKs ({from_a} from A, {from_b} from B), {} addresses; refused by the database: {refused_stale} (stale table), {refused_followed} (following)\n{report}",
         acks.len(),
         holders.len()
     );
     assert!(
-        conflicts > 0,
-        "the instances never offered an address the other had bound: the test proves nothing"
+        refused_stale > 0,
+        "B never offered an address A had bound: the commit's check was not exercised"
+    );
+    assert!(!bound_in_4.is_empty() && !offered_in_5.is_empty());
+    let stale: Vec<_> = bound_in_4.intersection(&offered_in_5).collect();
+    assert!(
+        stale.is_empty() && refused_followed == 0,
+        "B offered addresses A had bound while it was away: {stale:?} ({refused_followed} refused)"
     );
 
     for s in [a_srv, b_srv] {
