@@ -17,9 +17,15 @@
 # this machine's disk, synchronous_commit=on, a Unix socket; `pxed migrate` first):
 # the same durable ACKs, each batch of leases one PostgreSQL transaction.
 #
+# `pxedpg2` is two pxed on one PostgreSQL database, both on one bridge with the load
+# generator (each DISCOVER reaches both; the client takes the first offer): every
+# lease is decided by the database at commit, and each instance's lease table follows
+# the other's commits (LISTEN/NOTIFY). The machine's two cores now run two servers,
+# PostgreSQL and perfdhcp.
+#
 # Usage: bench/dhcp.sh [rates...]   (root; builds pxed in release mode)
 # Env:   PERIOD=seconds per step (default 10), RANGE=distinct clients (default 50000),
-#        SERVERS="pxed kea dnsmasq" (which to run, in order; also pxedpg),
+#        SERVERS="pxed kea dnsmasq" (which to run, in order; also pxedpg, pxedpg2),
 #        KEA_QUEUE=Kea's packet-queue-size (default 64, Kea's own default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +49,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  for ns in pxbs-$tag-{p,k,d,q} pxbc-$tag-{p,k,d,q}; do ip netns del "$ns" 2>/dev/null || true; done
+  for ns in pxbs-$tag-{p,k,d,q,r,s} pxbc-$tag-{p,k,d,q,r} pxbb-$tag; do ip netns del "$ns" 2>/dev/null || true; done
   if [ -d "$work/pg" ]; then .ci/pg-start --stop "$work/pg" 2>/dev/null || true; fi
   rm -rf "$work"
 }
@@ -56,6 +62,22 @@ pair() {
   ip link add pv0 netns "$s" type veth peer name eth0 netns "$c"
   ip -n "$s" addr add 10.98.0.1/16 dev pv0; ip -n "$s" link set pv0 up; ip -n "$s" link set lo up
   ip -n "$c" addr add 10.98.0.2/16 dev eth0; ip -n "$c" link set eth0 up; ip -n "$c" link set lo up
+}
+
+# A bridge in netns pxbb-$tag, and on it: netns $1 (veth eth0, address $2/16).
+on_bridge() {
+  local ns=$1 n
+  n=$(ip -n "pxbb-$tag" -o link show 2>/dev/null | grep -c ' p[0-9]*@' || true)
+  if ! ip netns list | grep -q "^pxbb-$tag"; then
+    ip netns add "pxbb-$tag"
+    ip -n "pxbb-$tag" link add br0 type bridge
+    ip -n "pxbb-$tag" link set br0 up
+  fi
+  ip netns add "$ns"
+  ip link add "p$n" netns "pxbb-$tag" type veth peer name eth0 netns "$ns"
+  ip -n "pxbb-$tag" link set "p$n" master br0
+  ip -n "pxbb-$tag" link set "p$n" up
+  ip -n "$ns" addr add "$2/16" dev eth0; ip -n "$ns" link set eth0 up; ip -n "$ns" link set lo up
 }
 
 # Waits until something listens on UDP :67 in netns $1.
@@ -100,6 +122,8 @@ ladder() {
 declare -A best
 leases='?'
 leases_pg='?'
+leases_pg2='?'
+conflicts_pg2=''
 # pxed in full DHCP mode in netns pair $1, its data dir $2 (extra environment: $3...).
 start_pxed() {
   local p=$1 data=$2
@@ -130,6 +154,35 @@ run_pxedpg() {
   start_pxed q "$work/pxedpg" "PXED_DATABASE_URL=$url"
   best[pxedpg]=$(ladder pxbc-$tag-q pxedpg)
   leases_pg=$(psql -X -At "$url" -c 'SELECT count(*) FROM leases' 2>/dev/null || echo '?')
+}
+
+run_pxedpg2() {
+  chmod 755 "$work"
+  local base url i=0 srv
+  [ -d "$work/pg" ] || .ci/pg-start "$work/pg" >/dev/null
+  base="postgres://postgres@localhost/postgres?host=$work/pg"
+  psql -X -q "$base" -c 'CREATE DATABASE pxed2' >/dev/null
+  url=${base/\/postgres\?/\/pxed2?}
+  echo "== two pxed (full mode, durable leases) on one PostgreSQL $(psql -X -At "$url" -c 'SHOW server_version') database" >&2
+  PXED_DATABASE_URL=$url "$PXED" migrate --data-dir "$work/pxedpg2-r" >&2
+  for srv in r s; do
+    i=$((i + 1))
+    on_bridge "pxbs-$tag-$srv" "10.98.0.$((i * 3 + 1))"
+    mkdir -p "$work/pxedpg2-$srv"
+    ip netns exec "pxbs-$tag-$srv" env "PXED_DATABASE_URL=$url" "$PXED" serve --dhcp full \
+      --interface eth0 --pool 10.98.1.1-10.98.255.250 --netmask 255.255.0.0 --lease-time 1h \
+      --data-dir "$work/pxedpg2-$srv" --ipxe-dir "$PWD/ipxe/bin" \
+      --http "10.98.0.$((i * 3 + 1)):80" --tftp "10.98.0.$((i * 3 + 1)):69" \
+      2>"$work/pxedpg2-$srv.log" &
+    pids+=($!)
+    wait_port67 "pxbs-$tag-$srv" || { cat "$work/pxedpg2-$srv.log" >&2; exit 1; }
+  done
+  on_bridge "pxbc-$tag-r" 10.98.0.2
+  best[pxedpg2]=$(ladder "pxbc-$tag-r" pxedpg2)
+  leases_pg2=$(psql -X -At "$url" -c 'SELECT count(*) FROM leases' 2>/dev/null || echo '?')
+  for srv in r s; do
+    conflicts_pg2+="$srv: $(grep -c 'held by another instance' "$work/pxedpg2-$srv.log" || true) "
+  done
 }
 
 # Kea as its multi-threading guide sets it up for throughput: two threads (one per
@@ -183,6 +236,7 @@ for server in $SERVERS; do
   case $server in
     pxed) label="pxed (durable: SQLite, $leases leases)" ;;
     pxedpg) label="pxed (durable: PostgreSQL, $leases_pg leases)" ;;
+    pxedpg2) label="2 x pxed (one PostgreSQL, $leases_pg2 leases)" ;;
     kea) label="kea (2 threads, persist=true)" ;;
     dnsmasq) label="dnsmasq (leases not durable)" ;;
   esac
@@ -190,6 +244,10 @@ for server in $SERVERS; do
 done
 if [ -n "${best[pxed]:-}" ] && [ "${best[pxedpg]:-0}" -gt 0 ]; then
   awk -v a="${best[pxedpg]}" -v b="${best[pxed]}" 'BEGIN { printf "ratio pxed on PostgreSQL / on SQLite: %.2fx\n", a / b }'
+fi
+if [ -n "${best[pxed]:-}" ] && [ "${best[pxedpg2]:-0}" -gt 0 ]; then
+  awk -v a="${best[pxedpg2]}" -v b="${best[pxed]}" 'BEGIN { printf "ratio two pxed on PostgreSQL / one on SQLite: %.2fx\n", a / b }'
+  echo "leases refused by the database (another instance held the address), per instance: $conflicts_pg2"
 fi
 for peer in kea dnsmasq; do
   if [ -n "${best[pxed]:-}" ] && [ "${best[$peer]:-0}" -gt 0 ]; then

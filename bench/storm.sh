@@ -125,7 +125,7 @@ run_pxed() {
     --lease-time 1h --server-ip 10.77.0.1 --data-dir "$work/data" --ipxe-dir "$PWD/ipxe/bin" \
     --http 10.77.0.1:80 --tftp 10.77.0.1:69 2>"$work/pxed-$n-$mode.log" &
   local pid=$!
-  pids+=($pid)
+  pids+=("$pid")
   wait_tcp "$S" 10.77.0.1 80 || { cat "$work/pxed-$n-$mode.log" >&2; exit 1; }
   sleep 0.5
   local sim_mode=pxed
@@ -139,7 +139,7 @@ run_pxed() {
       <(ip netns exec "$C" curl -sS http://10.77.0.1/metrics) | sed 's/^/  /' || true
   fi
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  cp "$work/pxed-$n-$mode.log" /tmp/storm-pxed-$n-$mode.log
+  cp "$work/pxed-$n-$mode.log" "/tmp/storm-pxed-$n-$mode.log"
   echo "pxed log lines with ERROR or panic: $(grep -ciE ' error |panic' "$work/pxed-$n-$mode.log" || true)"
 }
 
@@ -166,7 +166,7 @@ http {
 NGX
   ip netns exec "$S" nginx -c "$work/nginx/nginx.conf" -g 'daemon off;' &
   local npid=$!
-  pids+=($npid)
+  pids+=("$npid")
   ip netns exec "$S" dnsmasq --keep-in-foreground --no-resolv --port=0 --interface=s0 \
     --bind-interfaces --dhcp-authoritative --dhcp-lease-max=200000 --no-ping \
     --dhcp-range=10.77.128.10,10.77.255.250,255.255.0.0,1h --leasefile-ro \
@@ -175,7 +175,7 @@ NGX
     --dhcp-boot=tag:ipxe,http://10.77.0.1/boot.ipxe \
     --enable-tftp --tftp-root="$work/tftp" --tftp-max=65535 --pid-file="$work/dnsmasq.pid" &
   local dpid=$!
-  pids+=($dpid)
+  pids+=("$dpid")
   wait_tcp "$S" 10.77.0.1 80
   sleep 0.5
   local server_pids=(--server-pid "$dpid")
@@ -185,7 +185,7 @@ NGX
     "${server_pids[@]}" --floor-streams "${FLOOR_STREAMS:-64}" --floor-pairs "${FLOOR_PAIRS:-200}" |
     sed "s/^RESULT /RESULT server=dnsmasq+nginx /"
   kill "$npid" "$dpid"; wait "$npid" "$dpid" 2>/dev/null || true
-  cp "$work/dnsmasq.log" /tmp/storm-dnsmasq-$n.log 2>/dev/null || true
+  cp "$work/dnsmasq.log" "/tmp/storm-dnsmasq-$n.log" 2>/dev/null || true
 }
 
 for n in "${NODES[@]}"; do

@@ -597,6 +597,14 @@ impl Lifecycle {
     pub async fn drain(&self) {
         self.tasks.close();
         self.tasks.wait().await;
+        // Its deadlines die with it: another instance takes its nodes over now.
+        match self.store.release_nodes(&self.owner).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(nodes = n, "nodes given up to the other instances"),
+            Err(e) => {
+                tracing::warn!(error = %e, "giving nodes up (they pass to another instance when the claims lapse)")
+            }
+        }
     }
 
     fn run_effect(self: &Arc<Self>, id: i64, effect: Effect, elapsed: Duration) {

@@ -117,6 +117,15 @@ impl Store {
         Ok(())
     }
 
+    /// Gives up every node `owner` answers for (a clean stop: another instance need
+    /// not wait for the claims to lapse); how many.
+    pub async fn release_nodes(&self, owner: &str) -> Result<u64, StoreError> {
+        match &self.db {
+            Db::Postgres(pg) => Ok(pg.release_nodes(owner).await?),
+            Db::Sqlite(_) => Ok(0),
+        }
+    }
+
     /// Renews `owner`'s claims; the nodes it still answers for, or `None` on SQLite
     /// (every node).
     pub async fn renew_nodes(

@@ -184,10 +184,14 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
-    /// Kills the server at once (SIGKILL to the postmaster, as a crash or an OOM kill
-    /// would): clients see their connections drop.
+    /// Kills the server at once (SIGKILL to the postmaster and every process it
+    /// started, as a host crash would): clients see their connections drop. (A
+    /// postmaster killed alone leaves its backends serving the connections they have.)
     pub fn kill(&self) {
         if let Some(mut child) = self.server.lock().expect("lock").take() {
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-P", &child.id().to_string()])
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }

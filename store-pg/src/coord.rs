@@ -161,6 +161,14 @@ impl PgStore {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Gives up every node `owner` holds (a clean stop); how many.
+    pub async fn release_nodes(&self, owner: &str) -> Result<u64, PgError> {
+        let done = sqlx::query!("DELETE FROM node_owners WHERE owner = $1", owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Nodes in a state with lifecycle effects to run whose claim is missing or has
     /// lapsed: what a survivor claims.
     pub async fn unowned_nodes(&self, states: &[&str]) -> Result<Vec<i64>, PgError> {

@@ -28,12 +28,12 @@ use super::netns::{Lan, Netns};
 /// Both instances allocate from one pool.
 const POOL: &str = "10.79.0.20-10.79.0.250";
 
-fn config(dir: &Path, iface: &str, ip: &str) -> Config {
+fn config(dir: &Path, iface: &str, ip: &str, pool: &str) -> Config {
     let flags = CfgFlags {
         interfaces: vec![iface.into()],
         dhcp: config::DhcpFlags {
             mode: Some(DhcpMode::Full),
-            pool: Some(POOL.into()),
+            pool: Some(pool.into()),
             ..Default::default()
         },
         data_dir: Some(dir.to_path_buf()),
@@ -74,7 +74,7 @@ async fn start(ns: &Netns, cfg: Config, url: &str) -> Instance {
 }
 
 /// The DHCP replies in a pcap file: (message type, address, client MAC, server id).
-fn replies(pcap: &[u8]) -> Vec<(MessageType, Ipv4Addr, String, Option<Ipv4Addr>)> {
+fn replies(pcap: &[u8]) -> Vec<Reply> {
     let mut out = Vec::new();
     let mut at = 24; // the global header
     while at + 16 <= pcap.len() {
@@ -109,6 +109,127 @@ fn replies(pcap: &[u8]) -> Vec<(MessageType, Ipv4Addr, String, Option<Ipv4Addr>)
     out
 }
 
+/// A DHCP reply seen on the wire: (message type, address, client MAC, server id).
+type Reply = (MessageType, Ipv4Addr, String, Option<Ipv4Addr>);
+
+/// tcpdump capturing the DHCP replies that reach `eth0` in a namespace.
+struct Capture {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    file: std::path::PathBuf,
+    hear: tokio::sync::mpsc::UnboundedReceiver<String>,
+    words: Vec<String>,
+}
+
+impl Capture {
+    /// Starts tcpdump and waits until it captures.
+    async fn start(ns: &Netns) -> Capture {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("replies.pcap");
+        let mut child = ns
+            .std_command("tcpdump")
+            .args(["-i", "eth0", "-U", "-s", "1500", "-w"])
+            .arg(&file)
+            .arg("udp src port 67")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // tcpdump says "listening on" once capturing, and how many packets it captured
+        // at the end: its stderr is read to the end (a closed pipe would kill it).
+        let err = child.stderr.take().unwrap();
+        let (said, mut hear) = tokio::sync::mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = said.send(line);
+            }
+        });
+        let mut words = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(l) = hear.recv().await {
+                let started = l.contains("listening on");
+                words.push(l);
+                if started {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("tcpdump did not start: {words:?}"));
+        Capture {
+            child,
+            _dir: dir,
+            file,
+            hear,
+            words,
+        }
+    }
+
+    /// Stops it: the replies captured, and what tcpdump said.
+    async fn stop(mut self) -> (Vec<Reply>, Vec<String>) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        self.child.wait().unwrap();
+        while let Ok(l) = self.hear.try_recv() {
+            self.words.push(l);
+        }
+        (replies(&std::fs::read(&self.file).unwrap()), self.words)
+    }
+}
+
+/// perfdhcp in `ns`: DORA at 400/s from `clients` MACs counted up from `base`, for
+/// `secs` seconds; its report.
+fn perfdhcp(ns: &Netns, clients: usize, base: &str, secs: &str) -> String {
+    let out = ns
+        .std_command("perfdhcp")
+        .args(["-4", "-l", "eth0", "-r", "400", "-R"])
+        .arg(clients.to_string())
+        .args(["-b", &format!("mac={base}"), "-p", secs])
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Each address ACKed went to one MAC, and the last ACK of each address is the
+/// lease stored in `db`.
+fn assert_acks_unique_and_stored(
+    cluster: &store_pg::cluster::Cluster,
+    db: &str,
+    acks: &[&Reply],
+) -> HashMap<Ipv4Addr, HashSet<String>> {
+    let mut holders: HashMap<Ipv4Addr, HashSet<String>> = HashMap::new();
+    let mut last: HashMap<Ipv4Addr, &str> = HashMap::new();
+    for (_, ip, mac, _) in acks {
+        holders.entry(*ip).or_default().insert(mac.clone());
+        last.insert(*ip, mac);
+    }
+    let shared: Vec<_> = holders.iter().filter(|(_, m)| m.len() > 1).collect();
+    assert!(shared.is_empty(), "addresses ACKed to two MACs: {shared:?}");
+    let rows = cluster
+        .psql(
+            db,
+            "SELECT ip || ' ' || mac FROM leases WHERE state = 'bound'",
+        )
+        .unwrap();
+    let stored: HashSet<&str> = rows.lines().collect();
+    for (ip, mac) in &last {
+        assert!(
+            stored.contains(format!("{ip} {mac}").as_str()),
+            "ACKed {ip} to {mac}, not in the database"
+        );
+    }
+    holders
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     need("perfdhcp");
@@ -134,65 +255,21 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let a_srv = start(
         &lan.clients[a],
-        config(dirs[0].path(), "eth0", "10.79.0.1"),
+        config(dirs[0].path(), "eth0", "10.79.0.1", POOL),
         &url,
     )
     .await;
     let b_srv = start(
         &lan.clients[b],
-        config(dirs[1].path(), "eth0", "10.79.0.2"),
+        config(dirs[1].path(), "eth0", "10.79.0.2", POOL),
         &url,
     )
     .await;
 
-    let cap = tempfile::tempdir().unwrap();
-    let pcap = cap.path().join("replies.pcap");
-    let mut dump = lan.clients[c]
-        .std_command("tcpdump")
-        .args(["-i", "eth0", "-U", "-s", "1500", "-w"])
-        .arg(&pcap)
-        .arg("udp src port 67")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // tcpdump says "listening on" once capturing; its last words (how many packets it
-    // captured) come at the end.
-    let err = dump.stderr.take().unwrap();
-    let (said, mut hear) = tokio::sync::mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = said.send(line);
-        }
-    });
-    let mut words = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(l) = hear.recv().await {
-            let started = l.contains("listening on");
-            words.push(l);
-            if started {
-                return;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("tcpdump did not start: {words:?}"));
+    let capture = Capture::start(&lan.clients[c]).await;
 
-    let perfdhcp = |clients: usize, base: &str, secs: &str| {
-        let out = lan.clients[c]
-            .std_command("perfdhcp")
-            .args(["-4", "-l", "eth0", "-r", "400", "-R"])
-            .arg(clients.to_string())
-            .args(["-b", &format!("mac={base}"), "-p", secs])
-            .output()
-            .unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    };
+    let perfdhcp =
+        |clients: usize, base: &str, secs: &str| perfdhcp(&lan.clients[c], clients, base, secs);
     let link = |i: usize, up: &str| lan.clients[i].ip(&["link", "set", "eth0", up]);
     let announce = |on: &str| {
         cluster
@@ -231,19 +308,7 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     report += &perfdhcp(20, "02:00:00:00:05:00", "2");
     let refused_followed = b_srv.stats.lease_conflicts.get() - b_before;
     link(a, "up");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(dump.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    dump.wait().unwrap();
-    while let Ok(l) = hear.try_recv() {
-        words.push(l);
-    }
-
-    let captured = std::fs::read(&pcap).unwrap();
-    let replies = replies(&captured);
+    let (replies, words) = capture.stop().await;
     let acks: Vec<_> = replies.iter().filter(|r| r.0 == MessageType::Ack).collect();
     let by_server = |ip: Ipv4Addr| acks.iter().filter(|r| r.3 == Some(ip)).count();
     let (from_a, from_b) = (
@@ -252,43 +317,17 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     );
     assert!(
         from_a > 50 && from_b > 50,
-        "both instances ACK: {from_a} from A, {from_b} from B ({} replies in {} bytes captured; tcpdump: {words:?})\n{report}",
-        replies.len(),
-        captured.len()
+        "both instances ACK: {from_a} from A, {from_b} from B ({} replies captured; tcpdump: {words:?})\n{report}",
+        replies.len()
     );
 
-    // No address ever ACKed to two MACs (the lease time is far longer than the run).
-    let mut holders: HashMap<Ipv4Addr, HashSet<&str>> = HashMap::new();
-    for (_, ip, mac, _) in &acks {
-        holders.entry(*ip).or_default().insert(mac);
-    }
-    let shared: Vec<_> = holders.iter().filter(|(_, m)| m.len() > 1).collect();
-    assert!(shared.is_empty(), "addresses ACKed to two MACs: {shared:?}");
-
-    // Every ACK's lease is in the database: the last one ACKed to each address.
-    let rows = cluster
-        .psql(
-            &db,
-            "SELECT ip || ' ' || mac FROM leases WHERE state = 'bound'",
-        )
-        .unwrap();
-    let stored: HashSet<&str> = rows.lines().collect();
-    let mut last: HashMap<Ipv4Addr, &str> = HashMap::new();
-    for (_, ip, mac, _) in &acks {
-        last.insert(*ip, mac);
-    }
-    for (ip, mac) in &last {
-        assert!(
-            stored.contains(format!("{ip} {mac}").as_str()),
-            "ACKed {ip} to {mac}, not in the database"
-        );
-    }
+    // No address ever ACKed to two MACs (the lease time is far longer than the run),
+    // and every ACK's lease is in the database.
+    let holders = assert_acks_unique_and_stored(cluster, &db, &acks);
 
     // The database refused what B's stale table offered (2), and B, following the
     // database's announcements, offered none of what A bound while it was away (5).
-    let phase = |r: &&(MessageType, Ipv4Addr, String, Option<Ipv4Addr>), p: &str| {
-        r.2.starts_with(&format!("02:00:00:00:0{p}:"))
-    };
+    let phase = |r: &&Reply, p: &str| r.2.starts_with(&format!("02:00:00:00:0{p}:"));
     let bound_in_4: HashSet<Ipv4Addr> =
         acks.iter().filter(|r| phase(r, "4")).map(|r| r.1).collect();
     let offered_in_5: HashSet<Ipv4Addr> = replies
@@ -320,6 +359,102 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
             .unwrap()
             .unwrap();
     }
+}
+
+/// PostgreSQL killed (with its backends) for 2 s and started again while perfdhcp runs
+/// DORA against a pxed DHCP server on it: no ACK goes out while the database is down
+/// (a reply waits for its lease's commit), the server serves again once the database
+/// is back, and every lease it ACKed, before or after, is in the database (crash
+/// recovery keeps what was committed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgresql_restart_under_dhcp_load_loses_no_acked_lease() {
+    need("perfdhcp");
+    need("tcpdump");
+    // Its own server: it is killed below.
+    let cluster = store_pg::cluster::Cluster::start().unwrap();
+    let url = cluster.create_database("dhcp").unwrap();
+    store_pg::PgStore::connect(&url, 1)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let mut lan = Lan::new("pgr", "10.80.0.254/24", 0);
+    let a = lan.add_client("pgra");
+    let c = lan.add_client("pgrc");
+    lan.clients[a].ip(&["addr", "add", "10.80.0.1/24", "dev", "eth0"]);
+    lan.clients[c].ip(&["addr", "add", "10.80.0.3/24", "dev", "eth0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "eth0", "10.80.0.1", "10.80.0.20-10.80.0.250");
+    let srv = start(&lan.clients[a], cfg, &url).await;
+    let capture = Capture::start(&lan.clients[c]).await;
+
+    // 8 s of load; the database is killed after 2 s and is back 2 s later.
+    let ns = lan.clients[c].name().to_string();
+    let load = std::thread::spawn(move || {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns", "exec", &ns, "perfdhcp", "-4", "-l", "eth0", "-r", "300",
+            ])
+            .args(["-R", "60", "-b", "mac=02:00:00:00:06:00", "-p", "8"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let acks_before = srv.stats.acks.get();
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.kill();
+        cluster
+    })
+    .await
+    .unwrap();
+    // While the database is down no lease commits, so no ACK goes out (a commit in
+    // flight at the kill may still have been answered).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let acks_down = srv.stats.acks.get();
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let acks_still_down = srv.stats.acks.get();
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.restart().unwrap();
+        cluster
+    })
+    .await
+    .unwrap();
+    let report = tokio::task::spawn_blocking(move || load.join().unwrap())
+        .await
+        .unwrap();
+    let acks_during = srv.stats.acks.get();
+    // Then 2 s more, the database up all along: the server answers again.
+    let after = perfdhcp(&lan.clients[c], 20, "02:00:00:00:07:00", "2");
+    let (replies, words) = capture.stop().await;
+    let acks: Vec<_> = replies.iter().filter(|r| r.0 == MessageType::Ack).collect();
+    let late = acks
+        .iter()
+        .filter(|r| r.2.starts_with("02:00:00:00:07:"))
+        .count();
+    eprintln!(
+        "{} ACKs ({acks_before} before the kill, {} while it was down, {late} after the load), {} commits failed\n{report}\n{after}",
+        acks.len(),
+        acks_still_down - acks_down,
+        srv.stats.commit_errors.get()
+    );
+    assert!(
+        acks_before > 100 && acks_during > acks_still_down,
+        "{report}"
+    );
+    assert_eq!(
+        acks_down, acks_still_down,
+        "ACKs went out while the database was down\n{words:?}"
+    );
+    assert!(late > 50, "no service after the restart:\n{after}");
+    assert_acks_unique_and_stored(&cluster, "dhcp", &acks);
+    srv.cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), srv.task)
+        .await
+        .expect("DHCP shutdown")
+        .unwrap()
+        .unwrap();
 }
 
 /// Two daemons on one database; whichever instance answers for a node in each
