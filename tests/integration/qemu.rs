@@ -166,34 +166,73 @@ struct Appliance {
     lan: Lan,
 }
 
+/// Spawns `pxed serve` with full DHCP on `iface` of `ns` at `ip`, logging to
+/// `dir/pxed.log`, its data in `dir/data`; extra environment `env`.
+fn spawn_pxed(
+    ns: &super::netns::Netns,
+    iface: &str,
+    ip: Ipv4Addr,
+    net: u8,
+    dir: &Path,
+    env: &[(&str, &str)],
+) -> Child {
+    let log = std::fs::File::create(dir.join("pxed.log")).unwrap();
+    let mut cmd = ns.std_command(pxed_bin());
+    cmd.current_dir(repo())
+        .args(["serve", "--interface", iface, "--dhcp", "full", "--pool"])
+        .arg(format!("10.{net}.0.100-10.{net}.0.150"))
+        .arg("--server-ip")
+        .arg(ip.to_string())
+        .arg("--http")
+        .arg(format!("{ip}:80"))
+        .arg("--tftp")
+        .arg(format!("{ip}:69"))
+        .arg("--ipxe-dir")
+        .arg(repo().join("ipxe/bin"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .env("PXED_API_TOKEN", TOKEN)
+        .env("PXED_LOG", "info,pxed=debug")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    die_with_parent(&mut cmd).spawn().expect("spawn pxed")
+}
+
+/// A plain HTTP/1.0 GET to `ip:80` from inside `ns`: (status, body).
+fn http_get(ns: &super::netns::Netns, ip: Ipv4Addr, path: &str) -> std::io::Result<(u16, String)> {
+    let addr = SocketAddr::from((ip, 80));
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {ip}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n");
+    ns.enter(move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(req.as_bytes())?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp)?;
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        Ok((code, body.to_string()))
+    })
+}
+
 impl Appliance {
     /// `net` picks the /24 (10.<net>.0.0), so a leaked namespace never shares a subnet.
     fn start(tag: &str, net: u8) -> Appliance {
+        Self::start_with(tag, net, &[])
+    }
+
+    /// [`Appliance::start`] with extra environment for pxed.
+    fn start_with(tag: &str, net: u8, env: &[(&str, &str)]) -> Appliance {
         let ip = Ipv4Addr::new(10, net, 0, 1);
         let lan = Lan::new(tag, &format!("{ip}/24"), 0);
         add_tap(&lan, "tap0");
         let dir = tempfile::tempdir().unwrap();
-        let log = std::fs::File::create(dir.path().join("pxed.log")).unwrap();
-        let mut cmd = lan.server.std_command(pxed_bin());
-        cmd.current_dir(repo())
-            .args(["serve", "--interface", "br0", "--dhcp", "full", "--pool"])
-            .arg(format!("10.{net}.0.100-10.{net}.0.150"))
-            .arg("--server-ip")
-            .arg(ip.to_string())
-            .arg("--http")
-            .arg(format!("{ip}:80"))
-            .arg("--tftp")
-            .arg(format!("{ip}:69"))
-            .arg("--ipxe-dir")
-            .arg(repo().join("ipxe/bin"))
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .env("PXED_API_TOKEN", TOKEN)
-            .env("PXED_LOG", "info,pxed=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        let child = die_with_parent(&mut cmd).spawn().expect("spawn pxed");
+        let child = spawn_pxed(&lan.server, "br0", ip, net, dir.path(), env);
         let ra = RouterAdverts::start(&lan);
         let mut app = Appliance {
             child,
@@ -219,25 +258,7 @@ impl Appliance {
 
     /// A plain HTTP/1.0 GET from inside the server namespace: (status, body).
     fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
-        let addr = SocketAddr::from((self.ip, 80));
-        let req = format!(
-            "GET {path} HTTP/1.0\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
-            self.ip
-        );
-        self.lan.server.enter(move || {
-            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))?;
-            s.write_all(req.as_bytes())?;
-            let mut resp = String::new();
-            s.read_to_string(&mut resp)?;
-            let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-            let code = head
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-            Ok((code, body.to_string()))
-        })
+        http_get(&self.lan.server, self.ip, path)
     }
 
     /// The value of an unlabelled metric.
@@ -550,4 +571,96 @@ fn seabios_ipxe_rom_reaches_the_script() {
     assert!(fetched, "{}", tail(&console, 60));
     // The ROM is iPXE already: it goes straight to HTTP, no TFTP at all.
     assert_eq!(app.metric("pxed_tftp_requests_total"), Some(0.0));
+}
+
+/// Two pxed on one PostgreSQL database, both answering DHCP on the guest's LAN (A on
+/// the bridge, B on a veth into it): OVMF boots to its script through whichever
+/// answers first; that instance is killed with SIGKILL, and the same machine boots
+/// again through the other, which knows it (one inventory).
+#[test]
+fn ovmf_pxe_boots_through_either_of_two_instances() {
+    let cluster = store_pg::cluster::Cluster::shared();
+    let (_, url) = cluster.new_database().unwrap();
+    let migrate_dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = super::common::run(
+        Command::new(pxed_bin())
+            .args(["migrate", "--data-dir"])
+            .arg(migrate_dir.path())
+            .env("PXED_DATABASE_URL", &url),
+    );
+    assert!(ok, "{err}");
+    let env = [("PXED_DATABASE_URL", url.as_str())];
+    let net = 97;
+    let mut app = Appliance::start_with("qtwo", net, &env);
+    let b_ip = Ipv4Addr::new(10, net, 0, 2);
+    let i = app.lan.add_client("qtwob");
+    let b_ns = &app.lan.clients[i];
+    b_ns.ip(&["addr", "add", &format!("{b_ip}/24"), "dev", "eth0"]);
+    let b_dir = tempfile::tempdir().unwrap();
+    let mut b = spawn_pxed(b_ns, "eth0", b_ip, net, b_dir.path(), &env);
+    let b_log = || std::fs::read_to_string(b_dir.path().join("pxed.log")).unwrap_or_default();
+    let up = poll_blocking(Duration::from_secs(20), || {
+        http_get(b_ns, b_ip, "/metrics")
+            .ok()
+            .filter(|(code, _)| *code == 200)
+    });
+    assert!(up.is_some(), "instance B did not come up:\n{}", b_log());
+
+    let mac = "52:54:00:97:00:07";
+    // The instance whose HTTP address iPXE was given, and the script it ran.
+    let boot = |app: &Appliance| -> Ipv4Addr {
+        // A fresh console: the second boot must not read the first one's lines.
+        let _ = std::fs::remove_file(app.dir.path().join("serial-OvmfPxe.log"));
+        let mut guest = Guest::boot(app, Firmware::OvmfPxe, mac);
+        let (console, _) = guest.wait_for(&format!("/boot/{mac}.ipxe"));
+        let url = console
+            .lines()
+            .find_map(|l| l.split("Filename: http://").nth(1))
+            .unwrap_or_else(|| panic!("no script URL from DHCP:\n{}", tail(&console, 40)));
+        let server: Ipv4Addr = url.split('/').next().unwrap().parse().unwrap();
+        let (console, _) = guest.wait_for(&format!("pxed: {mac} "));
+        assert!(
+            console.contains(&format!(
+                "pxed: {mac} is known to pxed; no install is scheduled"
+            )),
+            "{}",
+            tail(&console, 40)
+        );
+        server
+    };
+    let first = boot(&app);
+    eprintln!("first boot through {first}");
+    // The one that served is killed; the other serves the second boot.
+    let survivor = if first == app.ip {
+        reap(&mut app.child);
+        b_ip
+    } else {
+        assert_eq!(first, b_ip);
+        reap(&mut b);
+        app.ip
+    };
+    let second = boot(&app);
+    assert_eq!(
+        second, survivor,
+        "the second boot went through the survivor"
+    );
+    let ns = if survivor == app.ip {
+        &app.lan.server
+    } else {
+        &app.lan.clients[i]
+    };
+    let (code, body) = http_get(ns, survivor, "/api/v1/nodes").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let nodes: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let with_mac: Vec<_> = nodes
+        .iter()
+        .filter(|n| {
+            n["macs"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|x| x == mac))
+        })
+        .collect();
+    assert_eq!(with_mac.len(), 1, "one node for the machine: {body}");
+    assert_eq!(with_mac[0]["state"], "discovered");
+    reap(&mut b);
 }
