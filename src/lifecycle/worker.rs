@@ -1163,15 +1163,19 @@ impl Lifecycle {
     /// is checked, not cycled twice.
     pub async fn resume(self: &Arc<Self>) -> Result<usize, crate::store::StoreError> {
         let states: Vec<State> = State::ALL.into_iter().filter(|s| s.in_progress()).collect();
-        let mut nodes = self.store.nodes_in_states(&states).await?;
         // With other instances on the database, only the nodes no live instance
-        // answers for are this one's to resume.
+        // answers for are this one's to resume (checked every few seconds: mostly
+        // none).
         let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-        if let Some(mine) = self
+        let mine = self
             .store
             .claim_orphans(&self.owner, self.owner_ttl(), &names)
-            .await?
-        {
+            .await?;
+        if mine.as_ref().is_some_and(|m| m.is_empty()) {
+            return Ok(0);
+        }
+        let mut nodes = self.store.nodes_in_states(&states).await?;
+        if let Some(mine) = mine {
             nodes.retain(|n| mine.contains(&n.id));
         }
         let now = chrono::Utc::now();

@@ -95,7 +95,7 @@ impl Server {
 }
 
 /// Runs `busybox udhcpc` once in `ns`; returns the environment of its `bound` event.
-async fn udhcpc(ns: &Netns, extra: &[&str]) -> HashMap<String, String> {
+pub(super) async fn udhcpc(ns: &Netns, extra: &[&str]) -> HashMap<String, String> {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("env");
     let mut cmd = ns.command("env");

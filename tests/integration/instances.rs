@@ -3,7 +3,8 @@
 //! DHCP: two servers on one bridge, perfdhcp (Kea's load generator) against both, every
 //! reply on the wire captured (tcpdump): no address ACKed to two MACs, every ACK
 //! stored; a stale lease table is corrected by the database at commit, and a table
-//! that follows the database's announcements offers nothing the other bound.
+//! that follows the database's announcements offers nothing the other bound; a real
+//! client (busybox udhcpc) gets its lease through either instance.
 //! Reinstalls: two daemons, the one running a node killed in each state; the other
 //! finishes.
 
@@ -244,6 +245,9 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     let a = lan.add_client("insta");
     let b = lan.add_client("instb");
     let c = lan.add_client("instc");
+    // Two more for real clients (udhcpc), addressed by DHCP.
+    let d = lan.add_client("instd");
+    let e = lan.add_client("inste");
     for (i, ip) in [
         (a, "10.79.0.1/24"),
         (b, "10.79.0.2/24"),
@@ -307,7 +311,22 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     let b_before = b_srv.stats.lease_conflicts.get();
     report += &perfdhcp(20, "02:00:00:00:05:00", "2");
     let refused_followed = b_srv.stats.lease_conflicts.get() - b_before;
+    // 6. A real client (busybox udhcpc) gets its lease through B while A is off the
+    //    LAN, and another through A while B is.
+    let via_b = crate::dhcp::udhcpc(&lan.clients[d], &[]).await;
     link(a, "up");
+    link(b, "down");
+    let via_a = crate::dhcp::udhcpc(&lan.clients[e], &[]).await;
+    link(b, "up");
+    assert_eq!(via_b["serverid"], "10.79.0.2", "{via_b:?}");
+    assert_eq!(via_a["serverid"], "10.79.0.1", "{via_a:?}");
+    for (i, got) in [(d, &via_b), (e, &via_a)] {
+        let mac = lan.clients[i].mac("eth0");
+        let row = cluster
+            .psql(&db, &format!("SELECT ip FROM leases WHERE mac = '{mac}'"))
+            .unwrap();
+        assert_eq!(row, got["ip"], "{mac}'s lease is stored");
+    }
     let (replies, words) = capture.stop().await;
     let acks: Vec<_> = replies.iter().filter(|r| r.0 == MessageType::Ack).collect();
     let by_server = |ip: Ipv4Addr| acks.iter().filter(|r| r.3 == Some(ip)).count();
