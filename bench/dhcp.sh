@@ -143,12 +143,16 @@ run_pxed() {
   best[pxed]=$(ladder pxbc-$tag-p pxed)
   leases=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from leases').fetchone()[0])" "$work/pxed/pxed.sqlite" 2>/dev/null || echo '?')
 }
-run_pxedpg() {
+# The private PostgreSQL (started on first use) and a new database $1 on it: its URL.
+pg_database() {
   chmod 755 "$work"
-  local base url
-  base=$(.ci/pg-start "$work/pg")
-  psql -X -q "$base" -c 'CREATE DATABASE pxed' >/dev/null
-  url=${base/\/postgres\?/\/pxed?}
+  [ -d "$work/pg" ] || .ci/pg-start "$work/pg" >/dev/null
+  psql -X -q "postgres://postgres@localhost/postgres?host=$work/pg" -c "CREATE DATABASE $1" >/dev/null
+  echo "postgres://postgres@localhost/$1?host=$work/pg"
+}
+run_pxedpg() {
+  local url
+  url=$(pg_database pxed)
   echo "== pxed (full mode, durable leases) on PostgreSQL $(psql -X -At "$url" -c 'SHOW server_version')" >&2
   PXED_DATABASE_URL=$url "$PXED" migrate --data-dir "$work/pxedpg" >&2
   start_pxed q "$work/pxedpg" "PXED_DATABASE_URL=$url"
@@ -157,12 +161,8 @@ run_pxedpg() {
 }
 
 run_pxedpg2() {
-  chmod 755 "$work"
-  local base url i=0 srv
-  [ -d "$work/pg" ] || .ci/pg-start "$work/pg" >/dev/null
-  base="postgres://postgres@localhost/postgres?host=$work/pg"
-  psql -X -q "$base" -c 'CREATE DATABASE pxed2' >/dev/null
-  url=${base/\/postgres\?/\/pxed2?}
+  local url i=0 srv
+  url=$(pg_database pxed2)
   echo "== two pxed (full mode, durable leases) on one PostgreSQL $(psql -X -At "$url" -c 'SHOW server_version') database" >&2
   PXED_DATABASE_URL=$url "$PXED" migrate --data-dir "$work/pxedpg2-r" >&2
   for srv in r s; do
