@@ -61,6 +61,43 @@ pub(crate) fn assert_rows_once(n: &Value) {
     }
 }
 
+/// Registers a node per (MAC, Redfish system, BMC URL) through `d`'s API; their ids.
+pub(crate) async fn add_redfish_nodes<const N: usize>(
+    api: &Api,
+    d: &Daemon,
+    nodes: [(&str, &str, String); N],
+) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for (mac, system, bmc) in nodes {
+        let (s, v) = api
+            .call(
+                d,
+                reqwest::Method::POST,
+                "/api/v1/nodes",
+                Some(json!({"macs": [mac], "arch": "x86_64", "bmc": {
+                    "driver": "redfish", "address": bmc, "username": "admin",
+                    "password": PASSWORD, "system_id": system}})),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["id"].as_i64().unwrap());
+    }
+    ids
+}
+
+/// Asks `d` to reinstall node `id` with rocky-9; the API's answer must be 202.
+pub(crate) async fn reinstall(api: &Api, d: &Daemon, id: i64) {
+    let (s, v) = api
+        .call(
+            d,
+            reqwest::Method::POST,
+            &format!("/api/v1/nodes/{id}/reinstall"),
+            Some(json!({"image": "rocky-9"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_in_every_in_progress_state_resumes() {
     let sushy = Sushy::start();
@@ -88,24 +125,15 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     let mut d = Daemon::start_in(dir, &[], &env);
     pxed::net::install_crypto_provider();
     let api = Api::new(TOKEN);
-    let mut ids = Vec::new();
-    for (mac, system, bmc) in [
-        ("52:54:00:12:34:56", NODE1, proxy.url()),
-        ("52:54:00:12:34:57", NODE2, sushy.url()),
-    ] {
-        let (s, v) = api
-            .call(
-                &d,
-                reqwest::Method::POST,
-                "/api/v1/nodes",
-                Some(json!({"macs": [mac], "arch": "x86_64", "bmc": {
-                    "driver": "redfish", "address": bmc, "username": "admin",
-                    "password": PASSWORD, "system_id": system}})),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
-        ids.push(v["id"].as_i64().unwrap());
-    }
+    let ids = add_redfish_nodes(
+        &api,
+        &d,
+        [
+            ("52:54:00:12:34:56", NODE1, proxy.url()),
+            ("52:54:00:12:34:57", NODE2, sushy.url()),
+        ],
+    )
+    .await;
     let (a, b) = (ids[0], ids[1]);
     let restart = |d: Daemon| {
         let dir = d.kill_keep_dir(Signal::SIGKILL);
@@ -115,15 +143,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
     // reclaiming: killed while the BMC power action is in flight: the reset reached
     // the BMC and its answer had not come back. After the restart the machine is
     // checked, not reset a second time (issue 10, finding 8: a double reboot).
-    let (s, v) = api
-        .call(
-            &d,
-            reqwest::Method::POST,
-            &format!("/api/v1/nodes/{a}/reinstall"),
-            Some(json!({"image": "rocky-9"})),
-        )
-        .await;
-    assert_eq!(s, 202, "{v}");
+    reinstall(&api, &d, a).await;
     wait_for(
         "the reset to reach the BMC",
         Duration::from_secs(20),
@@ -200,15 +220,7 @@ async fn sigkill_in_every_in_progress_state_resumes() {
 
     // netbooting: killed and never fetches its script; the deadline armed before the
     // crash fires after the restart and the node fails naming the stage.
-    let (s, _) = api
-        .call(
-            &d,
-            reqwest::Method::POST,
-            &format!("/api/v1/nodes/{b}/reinstall"),
-            Some(json!({"image": "rocky-9"})),
-        )
-        .await;
-    assert_eq!(s, 202);
+    reinstall(&api, &d, b).await;
     let before = api
         .wait_state(&d, b, "netbooting", Duration::from_secs(90))
         .await;

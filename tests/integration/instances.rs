@@ -482,11 +482,12 @@ async fn a_postgresql_restart_under_dhcp_load_loses_no_acked_lease() {
 /// once. The BMC is a real Redfish emulator (sushy-tools) behind a counting proxy.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_survivor_finishes_each_reinstall_when_its_instance_is_killed() {
-    use crate::bmc::{FaultProxy, NODE1, NODE2, PASSWORD, Sushy};
+    use crate::bmc::{FaultProxy, NODE1, NODE2, Sushy};
     use crate::common::{Api, Daemon, pxed_bin, repo, run};
-    use crate::crash::{assert_log_kept, assert_rows_once, rocky_mirror};
+    use crate::crash::{
+        add_redfish_nodes, assert_log_kept, assert_rows_once, reinstall, rocky_mirror,
+    };
     use nix::sys::signal::Signal;
-    use serde_json::json;
 
     const TOKEN: &str = "instances-token";
     let cluster = store_pg::cluster::Cluster::shared();
@@ -530,24 +531,15 @@ async fn a_survivor_finishes_each_reinstall_when_its_instance_is_killed() {
     let mut y = start(dir_b);
     pxed::net::install_crypto_provider();
     let api = Api::new(TOKEN);
-    let mut ids = Vec::new();
-    for (mac, system, bmc) in [
-        ("52:54:00:12:35:56", NODE1, proxy.url()),
-        ("52:54:00:12:35:57", NODE2, sushy.url()),
-    ] {
-        let (s, v) = api
-            .call(
-                &x,
-                reqwest::Method::POST,
-                "/api/v1/nodes",
-                Some(json!({"macs": [mac], "arch": "x86_64", "bmc": {
-                    "driver": "redfish", "address": bmc, "username": "admin",
-                    "password": PASSWORD, "system_id": system}})),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
-        ids.push(v["id"].as_i64().unwrap());
-    }
+    let ids = add_redfish_nodes(
+        &api,
+        &x,
+        [
+            ("52:54:00:12:35:56", NODE1, proxy.url()),
+            ("52:54:00:12:35:57", NODE2, sushy.url()),
+        ],
+    )
+    .await;
     let (a, b) = (ids[0], ids[1]);
     // Kills `d` and starts it again on its data dir (it comes back as a new instance).
     let kill = |d: Daemon| d.kill_keep_dir(Signal::SIGKILL);
@@ -555,15 +547,7 @@ async fn a_survivor_finishes_each_reinstall_when_its_instance_is_killed() {
     // reclaiming: X is killed with the reset sent and unanswered. Y takes the node over
     // once X's claim lapses and checks the machine: no second reset, no second
     // netboot override.
-    let (s, v) = api
-        .call(
-            &x,
-            reqwest::Method::POST,
-            &format!("/api/v1/nodes/{a}/reinstall"),
-            Some(json!({"image": "rocky-9"})),
-        )
-        .await;
-    assert_eq!(s, 202, "{v}");
+    reinstall(&api, &x, a).await;
     crate::common::wait_for(
         "the reset to reach the BMC",
         Duration::from_secs(20),
@@ -626,15 +610,7 @@ async fn a_survivor_finishes_each_reinstall_when_its_instance_is_killed() {
 
     // netbooting: the node never fetches its script and X, which runs its deadline,
     // is killed: Y takes the node over, and the deadline fails it naming the stage.
-    let (s, _) = api
-        .call(
-            &x,
-            reqwest::Method::POST,
-            &format!("/api/v1/nodes/{b}/reinstall"),
-            Some(json!({"image": "rocky-9"})),
-        )
-        .await;
-    assert_eq!(s, 202);
+    reinstall(&api, &x, b).await;
     let before = api
         .wait_state(&x, b, "netbooting", Duration::from_secs(60))
         .await;
