@@ -51,6 +51,18 @@ struct Instance {
     _seen: mpsc::Receiver<dhcp::DhcpSeen>,
 }
 
+impl Instance {
+    /// Stops the server; it must end within 5 s, cleanly.
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("DHCP shutdown")
+            .unwrap()
+            .unwrap();
+    }
+}
+
 async fn start(ns: &Netns, cfg: Config, url: &str) -> Instance {
     let h = tokio::runtime::Handle::current();
     let c = cfg.clone();
@@ -370,14 +382,8 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
         "B offered addresses A had bound while it was away: {stale:?} ({refused_followed} refused)"
     );
 
-    for s in [a_srv, b_srv] {
-        s.cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(5), s.task)
-            .await
-            .expect("DHCP shutdown")
-            .unwrap()
-            .unwrap();
-    }
+    a_srv.stop().await;
+    b_srv.stop().await;
 }
 
 /// PostgreSQL killed (with its backends) for 2 s and started again while perfdhcp runs
@@ -468,12 +474,7 @@ async fn a_postgresql_restart_under_dhcp_load_loses_no_acked_lease() {
     );
     assert!(late > 50, "no service after the restart:\n{after}");
     assert_acks_unique_and_stored(&cluster, "dhcp", &acks);
-    srv.cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(5), srv.task)
-        .await
-        .expect("DHCP shutdown")
-        .unwrap()
-        .unwrap();
+    srv.stop().await;
 }
 
 /// Two daemons on one database; whichever instance answers for a node in each
