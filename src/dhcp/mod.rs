@@ -238,20 +238,18 @@ pub async fn serve(
         cancel: loops_cancel.clone(),
     });
     // With other instances on the database, the table follows what they commit.
-    let follower = match store.changes().await {
-        Ok(Some(changes)) if ctx_full(&shared) => Some(tokio::spawn(follow(
-            changes,
-            store.clone(),
-            shared.clone(),
-            loops_cancel.clone(),
-        ))),
-        Ok(_) => None,
-        Err(e) => {
-            // Not fatal: the database still refuses every lease another holds.
-            tracing::warn!(error = %e, "not following other instances' leases");
-            None
-        }
-    };
+    let follower =
+        match store.changes(store_pg::coord::Channel::Leases).await {
+            Ok(Some(changes)) if shared.policy.mode == DhcpMode::Full => Some(tokio::spawn(
+                follow(changes, store.clone(), shared.clone(), loops_cancel.clone()),
+            )),
+            Ok(_) => None,
+            Err(e) => {
+                // Not fatal: the database still refuses every lease another holds.
+                tracing::warn!(error = %e, "not following other instances' leases");
+                None
+            }
+        };
     let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 2);
     let writer = tokio::spawn(writer(rx, store.clone(), ctx.stats.clone(), shared.clone()));
     let mut loops = JoinSet::new();
@@ -578,11 +576,7 @@ async fn writer(
         match store.commit_leases(&writes).await {
             Ok(refused) => {
                 stats.commits.inc();
-                let refused: HashSet<Ipv4Addr> = if refused.is_empty() {
-                    HashSet::new()
-                } else {
-                    learn_refused(&table, refused, &stats)
-                };
+                let refused = learn_refused(&table, refused, &stats);
                 for j in &batch {
                     // A reply whose lease another instance holds is withheld: the
                     // client retries and is offered an address that is free.
@@ -603,10 +597,6 @@ async fn writer(
         }
         batch.clear();
     }
-}
-
-fn ctx_full(shared: &Shared) -> bool {
-    shared.policy.mode == DhcpMode::Full
 }
 
 /// Most addresses reloaded in one query when other instances' changes come in a burst.
@@ -694,6 +684,10 @@ fn learn_refused(
     refused: Vec<RefusedLease>,
     stats: &DhcpStats,
 ) -> HashSet<Ipv4Addr> {
+    // The usual case (and always on SQLite): nothing refused, the table not locked.
+    if refused.is_empty() {
+        return HashSet::new();
+    }
     let mut table = shared.table.lock().unwrap_or_else(|e| e.into_inner());
     refused
         .into_iter()

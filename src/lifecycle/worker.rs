@@ -525,7 +525,7 @@ impl Lifecycle {
     pub async fn follow_others(self: &Arc<Self>, cancel: CancellationToken) {
         use store_pg::coord::Change;
         let mut changes = loop {
-            match self.store.changes().await {
+            match self.store.changes(store_pg::coord::Channel::Events).await {
                 Ok(Some(c)) => break c,
                 Ok(None) => {
                     cancel.cancelled().await;

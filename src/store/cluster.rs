@@ -42,12 +42,16 @@ impl DutyLock {
 }
 
 impl Store {
-    /// What other instances commit from now on (leases, audit rows); `None` on SQLite.
-    pub async fn changes(&self) -> Result<Option<store_pg::coord::Changes>, StoreError> {
+    /// What other instances commit from now on, of one kind (leases, or audit rows);
+    /// `None` on SQLite.
+    pub async fn changes(
+        &self,
+        of: store_pg::coord::Channel,
+    ) -> Result<Option<store_pg::coord::Changes>, StoreError> {
         let Db::Postgres(pg) = &self.db else {
             return Ok(None);
         };
-        Ok(Some(pg.changes().await?))
+        Ok(Some(pg.changes_of(&[of]).await?))
     }
 
     /// The lease rows of `ips`, as stored now (empty on SQLite: one pxed, whose lease

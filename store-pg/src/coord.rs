@@ -351,6 +351,15 @@ impl std::fmt::Debug for Changes {
     }
 }
 
+/// What a listener hears of (see [`PgStore::changes_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// [`Change::Lease`].
+    Leases,
+    /// [`Change::Event`].
+    Events,
+}
+
 const LEASES: &str = "pxed_leases";
 const EVENTS: &str = "pxed_events";
 
@@ -359,8 +368,19 @@ impl PgStore {
     /// announced in commit order. This store's own changes are not: its caller knows
     /// them already.
     pub async fn changes(&self) -> Result<Changes, PgError> {
+        self.changes_of(&[Channel::Leases, Channel::Events]).await
+    }
+
+    /// [`PgStore::changes`] of the given kinds only: a listener hears (and the server
+    /// sends it) nothing else. The DHCP server follows leases, the status page events.
+    pub async fn changes_of(&self, channels: &[Channel]) -> Result<Changes, PgError> {
         let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
-        listener.listen_all([LEASES, EVENTS]).await?;
+        listener
+            .listen_all(channels.iter().map(|c| match c {
+                Channel::Leases => LEASES,
+                Channel::Events => EVENTS,
+            }))
+            .await?;
         Ok(Changes {
             listener,
             own: self.own.clone(),

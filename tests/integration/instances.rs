@@ -44,6 +44,16 @@ fn config(dir: &Path, iface: &str, ip: &str, pool: &str) -> Config {
     config::load(None, Vec::<(String, String)>::new(), &flags).unwrap()
 }
 
+/// Applies pxed's migrations to the database at `url`.
+async fn migrate(url: &str) {
+    store_pg::PgStore::connect(url, 1)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+}
+
 struct Instance {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), dhcp::DhcpError>>,
@@ -249,8 +259,7 @@ async fn two_instances_on_one_database_never_ack_one_address_to_two_macs() {
     need("tcpdump");
     let cluster = store_pg::cluster::Cluster::shared();
     let (db, url) = cluster.new_database().unwrap();
-    let pg = store_pg::PgStore::connect(&url, 1).await.unwrap();
-    pg.migrate().await.unwrap();
+    migrate(&url).await;
 
     // Instances A and B and the load generator, each on a veth into one bridge.
     let mut lan = Lan::new("inst", "10.79.0.254/24", 0);
@@ -398,12 +407,7 @@ async fn a_postgresql_restart_under_dhcp_load_loses_no_acked_lease() {
     // Its own server: it is killed below.
     let cluster = store_pg::cluster::Cluster::start().unwrap();
     let url = cluster.create_database("dhcp").unwrap();
-    store_pg::PgStore::connect(&url, 1)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
+    migrate(&url).await;
     let mut lan = Lan::new("pgr", "10.80.0.254/24", 0);
     let a = lan.add_client("pgra");
     let c = lan.add_client("pgrc");
@@ -493,12 +497,7 @@ async fn a_survivor_finishes_each_reinstall_when_its_instance_is_killed() {
     const TOKEN: &str = "instances-token";
     let cluster = store_pg::cluster::Cluster::shared();
     let (db, url) = cluster.new_database().unwrap();
-    store_pg::PgStore::connect(&url, 1)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
+    migrate(&url).await;
     let sushy = Sushy::start();
     let proxy = FaultProxy::start(&sushy.url(), "slow-reset");
     let work = tempfile::tempdir().unwrap();
