@@ -555,6 +555,7 @@ fn node_row(n: &NodeView) -> Vec<String> {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(","),
+        or_dash(&n.site),
         match &n.failed_step {
             None => String::new(),
             Some(st) => format!("{st}: {}", or_dash(&n.failed_reason)),
@@ -567,7 +568,7 @@ fn print_json(v: &impl serde::Serialize) {
 }
 
 const NODE_HEADERS: &[&str] = &[
-    "ID", "NAME", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "FAILED",
+    "ID", "NAME", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "SITE", "FAILED",
 ];
 
 /// `pxed report`.
@@ -1255,6 +1256,7 @@ mod tests {
             failed_reason: reason.map(str::to_string),
             macs: Vec::new(),
             facts: None,
+            site: None,
         }
     }
 

@@ -67,6 +67,11 @@ pub struct Wire {
     /// PostgreSQL instead of the SQLite file in `data_dir`: `postgres://USER:PASSWORD@HOST[:PORT]/DATABASE`
     /// (`?host=/run/postgresql` for a Unix socket).
     pub database_url: Option<String>,
+    /// The site this instance serves (a provisioning VLAN or room; letters, digits,
+    /// `-`, `_`, `.`, at most 64). Instances of several sites may share one
+    /// PostgreSQL database: the API and the status page show each node with the site
+    /// whose instance last saw it netboot. Unset: nodes are shown with no site.
+    pub site: Option<String>,
     pub ipxe_dir: Option<PathBuf>,
     pub images_dir: Option<PathBuf>,
     pub images_catalog: Option<PathBuf>,
@@ -514,6 +519,8 @@ pub struct Config {
     /// PostgreSQL (see [`Wire::database_url`]); shown without its password.
     #[serde(serialize_with = "redact_url")]
     pub database_url: Option<String>,
+    /// See [`Wire::site`].
+    pub site: Option<String>,
     pub ipxe_dir: PathBuf,
     pub images_dir: PathBuf,
     pub images_catalog: PathBuf,
@@ -1083,6 +1090,7 @@ pub const ENV_KEYS: &[&str] = &[
     "server_ip",
     "data_dir",
     "database_url",
+    "site",
     "ipxe_dir",
     "images_dir",
     "images_catalog",
@@ -1504,12 +1512,26 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
         store_pg::parse_url(url).map_err(|e| invalid("database_url", e.to_string()))?;
     }
     let database_url = w.database_url;
+    let site = w.site.map(|s| s.trim().to_string());
+    if let Some(bad) = &site
+        && (bad.is_empty()
+            || bad.len() > 64
+            || !bad
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')))
+    {
+        return Err(invalid(
+            "site",
+            format!("{bad:?}: 1 to 64 letters, digits, `-`, `_` or `.`"),
+        ));
+    }
     Ok(Config {
         interfaces,
         server_ip: w.server_ip,
         images_dir: w.images_dir.unwrap_or_else(|| data_dir.join("images")),
         data_dir,
         database_url,
+        site,
         ipxe_dir: w.ipxe_dir.unwrap_or_else(|| "/usr/lib/pxed/ipxe".into()),
         images_catalog: w
             .images_catalog
@@ -1930,6 +1952,19 @@ mod tests {
 
     /// NTP servers and SSH keys reach installer configs verbatim: anything but a host
     /// name or address, or one OpenSSH key line, is refused with the key's name.
+    #[test]
+    fn a_site_is_a_short_name() {
+        let ok = load(None, env(&[("PXED_SITE", " room-2.b ")]), &Flags::default()).unwrap();
+        assert_eq!(ok.site.as_deref(), Some("room-2.b"));
+        assert_eq!(load(None, env(&[]), &Flags::default()).unwrap().site, None);
+        for bad in ["", "a b", "x;y", &"r".repeat(65)] {
+            let e = load(None, env(&[("PXED_SITE", bad)]), &Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("site"), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn ntp_servers_and_ssh_keys_are_checked() {
         let ok = load(

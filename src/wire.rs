@@ -316,6 +316,9 @@ pub struct NodeView {
     pub failed_reason: Option<String>,
     pub macs: Vec<Mac>,
     pub facts: Option<serde_json::Value>,
+    /// The site whose instance last saw the node netboot (`site` in its config).
+    #[serde(default)]
+    pub site: Option<String>,
 }
 
 pub use crate::model::rows::{EventView, InstallLogLine};

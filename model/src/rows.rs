@@ -30,6 +30,9 @@ pub struct NodeRow {
     pub failed_reason: Option<String>,
     pub facts: Option<String>,
     pub created_at: String,
+    /// The site of the instance that last saw the node netboot (`None`: none with a
+    /// site has).
+    pub site: Option<String>,
 }
 
 /// A node found by its boot MAC (see `Store::nodes_by_boot_macs`).

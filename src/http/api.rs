@@ -114,6 +114,7 @@ pub fn view_with(n: NodeRow, macs: Vec<Mac>) -> NodeView {
         failed_step: n.failed_step,
         failed_reason: n.failed_reason,
         macs,
+        site: n.site,
     }
 }
 
@@ -122,7 +123,7 @@ pub fn view_with(n: NodeRow, macs: Vec<Mac>) -> NodeView {
 pub const MAX_PAGE: u32 = 1000;
 pub const DEFAULT_PAGE: u32 = 500;
 
-/// `?limit=&after=&state=&arch=&label=&q=` of a node listing (the API and the status
+/// `?limit=&after=&state=&arch=&label=&q=&site=` of a node listing (the API and the status
 /// page): nodes with an id above `after`, in id order, optionally only those in
 /// `state`, of `arch`, carrying `label` (`rack=r12` or `rack`) and whose MAC, name or
 /// hostname contains `q`. An empty value (a form's "any") is no filter.
@@ -145,6 +146,9 @@ pub struct PageQuery {
     /// `true`: lost hardware since the accepted baseline; `false`: did not.
     #[serde(default, deserialize_with = "empty_as_none")]
     pub drifted: Option<bool>,
+    /// Served by this site.
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub site: Option<String>,
 }
 
 impl PageQuery {
@@ -160,6 +164,7 @@ impl PageQuery {
             text: self.q.clone(),
             profile: self.profile.clone(),
             drifted: self.drifted,
+            site: self.site.clone(),
         }
     }
 
@@ -178,6 +183,7 @@ impl PageQuery {
         add("q", self.q.clone());
         add("profile", self.profile.clone());
         add("drifted", self.drifted.map(|d| d.to_string()));
+        add("site", self.site.clone());
         parts.join("&")
     }
 }

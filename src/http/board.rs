@@ -455,6 +455,7 @@ mod tests {
             failed_reason: None,
             macs: vec![],
             facts: None,
+            site: None,
         }
     }
 

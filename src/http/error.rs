@@ -45,6 +45,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.error, "detail": self.detail });
+        if self.error == "store_unavailable" {
+            // Installers, agents and hooks that honour it come back when the database
+            // may be.
+            let retry = [(axum::http::header::RETRY_AFTER, "5")];
+            return (self.status, retry, axum::Json(body)).into_response();
+        }
         (self.status, axum::Json(body)).into_response()
     }
 }
@@ -74,6 +80,14 @@ impl From<StoreError> for ApiError {
             && d.is_unique_violation()
         {
             return ApiError::new(StatusCode::CONFLICT, "conflict", d.message().to_string());
+        }
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "store unavailable: request refused");
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the database is unreachable (see /healthz): nothing was stored; send the request again",
+            );
         }
         tracing::error!(error = %e, "store error");
         ApiError::new(

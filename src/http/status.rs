@@ -248,6 +248,10 @@ pub struct Status {
     pub q: Option<String>,
     pub profile: Option<String>,
     pub drifted: Option<bool>,
+    pub site: Option<String>,
+    /// Whether to show the site column: this instance has a site, or a node on the
+    /// page has one.
+    pub sites: bool,
     /// The configured hardware profiles (the filter's choices).
     pub profiles: Vec<String>,
     /// The filters as a query string (for links to the same selection).
@@ -268,6 +272,7 @@ impl Status {
             || self.q.is_some()
             || self.profile.is_some()
             || self.drifted.is_some()
+            || self.site.is_some()
     }
 }
 
@@ -296,7 +301,10 @@ async fn status(st: &AppState, q: &PageQuery) -> Result<Status, ApiError> {
             node,
         })
         .collect();
+    let sites = st.cfg.site.is_some() || nodes.iter().any(|r| r.node.site.is_some());
     Ok(Status {
+        sites,
+        site: q.site.clone(),
         overdue: nodes.iter().filter(|r| r.stage.overdue).count(),
         nodes,
         total: counts.iter().map(|(_, n)| n).sum(),

@@ -3,7 +3,7 @@
 //! wins), feeds the stage histograms and failure counters, and refreshes the node
 //! gauges.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,6 +205,9 @@ async fn flush(
     let mut writes = Vec::new();
     // Failure kinds by node generation, for the failure counter.
     let mut kinds: HashMap<(i64, i64), &'static str> = HashMap::new();
+    // Nodes seen netbooting here (DHCP, the script URL), in or out of a reinstall:
+    // served by this instance's site.
+    let mut here: BTreeSet<i64> = BTreeSet::new();
     for s in batch {
         if let (Who::Mac(mac), Some(ip)) = (s.who, s.address) {
             if addresses.len() >= ADDRESSES_CAP && !addresses.contains_key(&ip) {
@@ -217,6 +220,12 @@ async fn flush(
             Who::Mac(mac) => lookups.by_mac(st, mac).await,
             Who::Ip(ip) => lookups.by_ip(st, ip, addresses).await,
         };
+        if let (Who::Mac(_), Some(n)) = (s.who, &node)
+            && st.cfg.site.is_some()
+            && n.site != st.cfg.site
+        {
+            here.insert(n.id);
+        }
         // What the servers see counts only for a node in a reinstall: an installed
         // machine's PXE boot is not a stage of anything.
         let Some(node) = node.filter(|n| matches!(s.who, Who::Node(_)) || in_reinstall(n, &s.at))
@@ -250,6 +259,15 @@ async fn flush(
             took_ms: s.took.and_then(|t| i64::try_from(t.as_millis()).ok()),
             detail,
         });
+    }
+    if let Some(site) = &st.cfg.site
+        && !here.is_empty()
+    {
+        let ids: Vec<i64> = here.into_iter().collect();
+        if let Err(e) = st.store.set_sites(site, &ids).await {
+            stats.store_errors.inc();
+            tracing::warn!(nodes = ids.len(), error = %e, "recording the site of nodes");
+        }
     }
     let new = match st
         .store

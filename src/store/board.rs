@@ -25,6 +25,8 @@ pub struct NodeFilter {
     pub profile: Option<String>,
     /// Lost hardware since its baseline (`true`) or not (`false`).
     pub drifted: Option<bool>,
+    /// Served by this site (the `site` of the instance that last saw it netboot).
+    pub site: Option<String>,
 }
 
 impl NodeFilter {
@@ -136,6 +138,7 @@ impl Store {
         let mac_like = text.and_then(mac_fragment).map(|h| like(&h));
         let profile = filter.profile.as_deref();
         let drifted = filter.drifted;
+        let site = filter.site.as_deref();
         if let Db::Postgres(pg) = &self.db {
             let f = store_pg::board::Filter {
                 state: filter.state,
@@ -146,6 +149,7 @@ impl Store {
                 mac_like,
                 profile,
                 drifted,
+                site,
             };
             let nodes = pg.nodes_filtered(after, limit, &f).await?;
             if nodes.is_empty() {
@@ -158,7 +162,7 @@ impl Store {
         }
         let nodes = sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site
                FROM nodes
                WHERE id > ?1
                  AND (?2 IS NULL OR state = ?2)
@@ -169,6 +173,7 @@ impl Store {
                       OR (?7 IS NOT NULL AND EXISTS (SELECT 1 FROM interfaces i WHERE i.node_id = nodes.id AND replace(i.mac, ':', '') LIKE ?7 ESCAPE '\')))
                  AND (?9 IS NULL OR EXISTS (SELECT 1 FROM node_hardware h WHERE h.node_id = nodes.id AND h.profile = ?9))
                  AND (?10 IS NULL OR COALESCE((SELECT h.drifted FROM node_hardware h WHERE h.node_id = nodes.id), 0) = ?10)
+                 AND (?11 IS NULL OR site = ?11)
                ORDER BY id LIMIT ?8"#,
             after,
             filter.state,
@@ -179,7 +184,8 @@ impl Store {
             mac_like,
             limit,
             profile,
-            drifted
+            drifted,
+            site
         )
         .fetch_all(self.pool()?)
         .await?;
@@ -245,6 +251,28 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Records that an instance of `site` saw nodes `ids` netboot: each is now served
+    /// by `site`. Returns how many changed site (a node already there is not written).
+    pub async fn set_sites(&self, site: &str, ids: &[i64]) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        if let Db::Postgres(pg) = &self.db {
+            return Ok(pg.set_sites(site, ids).await?);
+        }
+        let ids = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+        let mut tx = self.write().await?;
+        let done = sqlx::query!(
+            "UPDATE nodes SET site = ?1 WHERE id IN (SELECT value FROM json_each(?2)) AND site IS NOT ?1",
+            site,
+            ids
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
     }
 }
 
@@ -359,6 +387,21 @@ mod tests {
         assert_eq!(ids(hw(None, Some(true))).await, [b]);
         assert_eq!(ids(hw(None, Some(false))).await, [a, c]);
         assert_eq!(ids(hw(Some("hgx"), Some(true))).await, Vec::<i64>::new());
+        // Sites: set where they differ only; a filter of their own.
+        assert_eq!(store.set_sites("room-a", &[a, c]).await.unwrap(), 2);
+        assert_eq!(store.set_sites("room-a", &[a, c]).await.unwrap(), 0);
+        assert_eq!(store.set_sites("room-b", &[c]).await.unwrap(), 1);
+        let site = |s: &str| NodeFilter {
+            site: Some(s.to_string()),
+            ..NodeFilter::default()
+        };
+        assert_eq!(ids(site("room-a")).await, [a]);
+        assert_eq!(ids(site("room-b")).await, [c]);
+        assert_eq!(
+            store.node(c).await.unwrap().unwrap().site.as_deref(),
+            Some("room-b")
+        );
+        assert_eq!(store.node(b).await.unwrap().unwrap().site, None);
         // Paging: after and limit, and each row has its MACs and labels.
         let page = store
             .nodes_filtered(a, 1, &NodeFilter::default())

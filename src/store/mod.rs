@@ -86,6 +86,36 @@ pub enum StoreError {
     NotOnPostgres(&'static str),
 }
 
+impl StoreError {
+    /// The database could not be reached (no connection, a connection lost, the server
+    /// shutting down or starting, a pool with no connection in time): nothing was
+    /// decided, and the same request may succeed once it is back.
+    pub fn is_unavailable(&self) -> bool {
+        fn sqlx_unavailable(e: &sqlx::Error) -> bool {
+            match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                // PostgreSQL: connection exceptions (08), shutdown or startup (57P01-03),
+                // too many connections (53300).
+                sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+                    c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "53300")
+                }),
+                _ => false,
+            }
+        }
+        match self {
+            StoreError::Db(e) => sqlx_unavailable(e),
+            StoreError::Pg(store_pg::PgError::Db(e)) => sqlx_unavailable(e),
+            StoreError::Pg(store_pg::PgError::Connect { .. }) | StoreError::ProbeTimeout(_) => true,
+            StoreError::NotWritable { source, .. } => source.is_unavailable(),
+            _ => false,
+        }
+    }
+}
+
 /// Connections to PostgreSQL (each one a server process there).
 const PG_POOL_SIZE: u32 = 16;
 

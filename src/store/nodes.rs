@@ -105,7 +105,7 @@ impl Store {
             return Ok(pg.node(id).await?);
         }
         Ok(
-            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id = ?"#, id)
                 .fetch_optional(self.pool()?)
                 .await?,
         )
@@ -126,7 +126,7 @@ impl Store {
         }
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE name = ? OR hostname = ? LIMIT 1"#,
             reference,
             reference
         )
@@ -141,7 +141,7 @@ impl Store {
         }
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = ?)"#,
             mac
         )
         .fetch_optional(self.pool()?)
@@ -155,7 +155,7 @@ impl Store {
             return Ok(pg.node_by_credential(token).await?);
         }
         Ok(
-            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = ? OR agent_token = ?"#, token, token)
+            sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE boot_token = ? OR agent_token = ?"#, token, token)
                 .fetch_optional(self.pool()?)
                 .await?,
         )
@@ -166,7 +166,7 @@ impl Store {
         if let Db::Postgres(pg) = &self.db {
             return Ok(pg.nodes().await?);
         }
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY id"#)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes ORDER BY id"#)
             .fetch_all(self.pool()?)
             .await?)
     }
@@ -179,7 +179,7 @@ impl Store {
         let states = serde_json::json!(states).to_string();
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE state IN (SELECT value FROM json_each(?)) ORDER BY id"#,
             states
         )
         .fetch_all(self.pool()?)
@@ -204,7 +204,7 @@ impl Store {
             let ifaces = pg.interfaces_between(after, last).await?;
             return Ok(with_macs(nodes, ifaces));
         }
-        let nodes = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id > ? AND (? IS NULL OR state = ?) ORDER BY id LIMIT ?"#, after, state, state, limit)
+        let nodes = sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id > ? AND (? IS NULL OR state = ?) ORDER BY id LIMIT ?"#, after, state, state, limit)
             .fetch_all(self.pool()?)
             .await?;
         let Some(last) = nodes.last().map(|n| n.id) else {
@@ -649,7 +649,7 @@ fn with_macs(nodes: Vec<NodeRow>, ifaces: Vec<InterfaceRow>) -> Vec<(NodeRow, Ve
 /// Loads a node inside a transaction.
 async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<NodeRow>, StoreError> {
     Ok(
-        sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = ?"#, id)
+        sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id = ?"#, id)
             .fetch_optional(conn)
             .await?,
     )

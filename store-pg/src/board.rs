@@ -18,6 +18,7 @@ pub struct Filter<'a> {
     pub mac_like: Option<String>,
     pub profile: Option<&'a str>,
     pub drifted: Option<bool>,
+    pub site: Option<&'a str>,
 }
 
 impl PgStore {
@@ -30,7 +31,7 @@ impl PgStore {
     ) -> Result<Vec<NodeRow>, PgError> {
         Ok(sqlx::query_as!(
             NodeRow,
-            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site
                  FROM nodes
                 WHERE id > $1
                   AND ($2::text IS NULL OR state = $2)
@@ -41,6 +42,7 @@ impl PgStore {
                        OR ($7::text IS NOT NULL AND EXISTS (SELECT 1 FROM interfaces i WHERE i.node_id = nodes.id AND replace(i.mac, ':', '') ILIKE $7 ESCAPE '\')))
                   AND ($9::text IS NULL OR EXISTS (SELECT 1 FROM node_hardware h WHERE h.node_id = nodes.id AND h.profile = $9))
                   AND ($10::boolean IS NULL OR COALESCE((SELECT h.drifted FROM node_hardware h WHERE h.node_id = nodes.id), FALSE) = $10)
+                  AND ($11::text IS NULL OR site = $11)
                 ORDER BY id LIMIT $8"#,
             after,
             f.state.map(|s| s.to_string()),
@@ -51,7 +53,8 @@ impl PgStore {
             f.mac_like,
             limit,
             f.profile,
-            f.drifted
+            f.drifted,
+            f.site
         )
         .fetch_all(&self.pool)
         .await?)
@@ -102,5 +105,17 @@ impl PgStore {
         .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Marks nodes `ids` as served by `site`; how many changed.
+    pub async fn set_sites(&self, site: &str, ids: &[i64]) -> Result<u64, PgError> {
+        let done = sqlx::query!(
+            "UPDATE nodes SET site = $1 WHERE id = ANY($2) AND site IS DISTINCT FROM $1",
+            site,
+            ids
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 }

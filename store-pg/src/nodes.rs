@@ -23,35 +23,35 @@ impl PgStore {
 
     /// One node by id.
     pub async fn node(&self, id: i64) -> Result<Option<NodeRow>, PgError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = $1"#, id)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id = $1"#, id)
             .fetch_optional(&self.pool)
             .await?)
     }
 
     /// The first node (by id) named or with the hostname `reference`.
     pub async fn node_by_name(&self, reference: &str) -> Result<Option<NodeRow>, PgError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE name = $1 OR hostname = $1 ORDER BY id LIMIT 1"#, reference)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE name = $1 OR hostname = $1 ORDER BY id LIMIT 1"#, reference)
             .fetch_optional(&self.pool)
             .await?)
     }
 
     /// The node owning `mac`.
     pub async fn node_by_mac(&self, mac: Mac) -> Result<Option<NodeRow>, PgError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = $1)"#, mac as Mac)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id = (SELECT node_id FROM interfaces WHERE mac = $1)"#, mac as Mac)
             .fetch_optional(&self.pool)
             .await?)
     }
 
     /// The node whose boot token or agent token is `token`.
     pub async fn node_by_credential(&self, token: &str) -> Result<Option<NodeRow>, PgError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE boot_token = $1 OR agent_token = $1"#, token)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE boot_token = $1 OR agent_token = $1"#, token)
             .fetch_optional(&self.pool)
             .await?)
     }
 
     /// All nodes, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, PgError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes ORDER BY nodes.id"#)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes ORDER BY nodes.id"#)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -59,7 +59,7 @@ impl PgStore {
     /// Nodes in any of `states`, by id.
     pub async fn nodes_in_states(&self, states: &[State]) -> Result<Vec<NodeRow>, PgError> {
         let states: Vec<String> = states.iter().map(ToString::to_string).collect();
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE state = ANY($1) ORDER BY id"#, &states)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE state = ANY($1) ORDER BY id"#, &states)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -72,7 +72,7 @@ impl PgStore {
         state: Option<State>,
     ) -> Result<Vec<NodeRow>, PgError> {
         let state = state.map(|s| s.to_string());
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id > $1 AND ($2::text IS NULL OR state = $2) ORDER BY id LIMIT $3"#, after, state, limit)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id > $1 AND ($2::text IS NULL OR state = $2) ORDER BY id LIMIT $3"#, after, state, limit)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -275,7 +275,7 @@ impl PgTx {
     /// The node, as this transaction sees it, locked until the transaction ends (so
     /// two writers of one node take turns instead of one losing its version check).
     pub async fn node(&mut self, id: i64) -> Result<Option<NodeRow>, PgError> {
-        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at FROM nodes WHERE id = $1 FOR UPDATE"#, id)
+        Ok(sqlx::query_as!(NodeRow, r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id = $1 FOR UPDATE"#, id)
             .fetch_optional(&mut *self.0)
             .await?)
     }

@@ -625,3 +625,141 @@ async fn a_survivor_finishes_each_reinstall_when_its_instance_is_killed() {
     assert_rows_once(&after);
     assert!(y.logged("took over nodes"), "{}", y.log_text());
 }
+
+/// Two sites, one control plane: instance A serves room-a's VLAN (10.88.0.0/24), B
+/// serves room-b's (10.89.0.0/24), both on one PostgreSQL database. A machine that
+/// netboots in a room gets that room's address and is shown, through either
+/// instance's API and board, with the site that served it; a machine moved to the
+/// other room is the same node, now shown with the new site.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_of_two_sites_share_one_inventory_and_show_each_nodes_site() {
+    use crate::common::poll_blocking;
+    use crate::qemu::{http_get, reap, spawn_pxed};
+
+    let cluster = store_pg::cluster::Cluster::shared();
+    let (_db, url) = cluster.new_database().unwrap();
+    migrate(&url).await;
+    let room_a = Lan::new("sita", "10.88.0.1/24", 2);
+    let room_b = Lan::new("sitb", "10.89.0.1/24", 1);
+    let (ip_a, ip_b) = (Ipv4Addr::new(10, 88, 0, 1), Ipv4Addr::new(10, 89, 0, 1));
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = spawn_pxed(
+        &room_a.server,
+        "br0",
+        ip_a,
+        88,
+        dir_a.path(),
+        &[("PXED_DATABASE_URL", &url), ("PXED_SITE", "room-a")],
+    );
+    let mut b = spawn_pxed(
+        &room_b.server,
+        "br0",
+        ip_b,
+        89,
+        dir_b.path(),
+        &[("PXED_DATABASE_URL", &url), ("PXED_SITE", "room-b")],
+    );
+    let logs = || {
+        let read = |d: &tempfile::TempDir| {
+            std::fs::read_to_string(d.path().join("pxed.log")).unwrap_or_default()
+        };
+        format!(
+            "---- A ----\n{}\n---- B ----\n{}",
+            read(&dir_a),
+            read(&dir_b)
+        )
+    };
+    for (ns, ip) in [(&room_a.server, ip_a), (&room_b.server, ip_b)] {
+        let up = poll_blocking(Duration::from_secs(20), || {
+            http_get(ns, ip, "/metrics").ok().filter(|(c, _)| *c == 200)
+        });
+        assert!(up.is_some(), "{ip} did not come up:\n{}", logs());
+    }
+    let get = |ns: &Netns, ip: Ipv4Addr, path: &str| -> String {
+        let (code, body) = http_get(ns, ip, path).unwrap();
+        assert_eq!(code, 200, "GET {path} from {ip}: {body}");
+        body
+    };
+    let nodes = |ns: &Netns, ip: Ipv4Addr, query: &str| -> Vec<(String, Option<String>)> {
+        let body = get(ns, ip, &format!("/api/v1/nodes{query}"));
+        let v: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        v.iter()
+            .map(|n| {
+                (
+                    n["macs"][0].as_str().unwrap_or_default().to_string(),
+                    n["site"].as_str().map(str::to_string),
+                )
+            })
+            .collect()
+    };
+    let site_of = |mac: &str| {
+        nodes(&room_b.server, ip_b, "")
+            .into_iter()
+            .find(|(m, _)| m == mac)
+            .and_then(|(_, s)| s)
+    };
+    // The firmware's PXE DHCP (x86-64 UEFI).
+    let pxe = ["-x", "0x5d:0007", "-V", "PXEClient:Arch:00007:UNDI:003016"];
+
+    // One machine in each room netboots: each gets its room's address.
+    let in_a = room_a.clients[0].mac("eth0");
+    let in_b = room_b.clients[0].mac("eth0");
+    let lease_a = crate::dhcp::udhcpc(&room_a.clients[0], &pxe).await;
+    let lease_b = crate::dhcp::udhcpc(&room_b.clients[0], &pxe).await;
+    assert!(lease_a["ip"].starts_with("10.88.0."), "{lease_a:?}");
+    assert_eq!(lease_a["serverid"], ip_a.to_string());
+    assert!(lease_b["ip"].starts_with("10.89.0."), "{lease_b:?}");
+    assert_eq!(lease_b["serverid"], ip_b.to_string());
+    // Both are in the one inventory, each with its site, whichever instance is asked.
+    let seen = poll_blocking(Duration::from_secs(15), || {
+        (site_of(&in_a).as_deref() == Some("room-a") && site_of(&in_b).as_deref() == Some("room-b"))
+            .then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "sites: {:?}\n{}",
+        nodes(&room_b.server, ip_b, ""),
+        logs()
+    );
+    let mut from_a = nodes(&room_a.server, ip_a, "");
+    let mut from_b = nodes(&room_b.server, ip_b, "");
+    from_a.sort();
+    from_b.sort();
+    assert_eq!(from_a, from_b, "one inventory");
+    assert_eq!(from_a.len(), 2, "{from_a:?}");
+    // Filtered by site.
+    assert_eq!(
+        nodes(&room_a.server, ip_a, "?site=room-b"),
+        [(in_b.clone(), Some("room-b".to_string()))]
+    );
+    assert!(nodes(&room_a.server, ip_a, "?site=room-c").is_empty());
+    // The board of room-b's instance shows room-a's machine with its site.
+    let board = get(&room_b.server, ip_b, "/?site=room-a");
+    assert!(board.contains("<th>site</th>"), "{board}");
+    assert!(board.contains(&in_a), "{board}");
+    assert!(board.contains("<td class=\"site\">room-a</td>"), "{board}");
+    assert!(!board.contains(&in_b), "filtered out: {board}");
+
+    // The machine of room-b is moved to room-a (its NIC, its MAC): the same node, an
+    // address of room-a, now served by room-a.
+    let moved = &room_a.clients[1];
+    moved.ip(&["link", "set", "eth0", "down"]);
+    moved.ip(&["link", "set", "eth0", "address", &in_b]);
+    moved.ip(&["link", "set", "eth0", "up"]);
+    let lease = crate::dhcp::udhcpc(moved, &pxe).await;
+    assert!(lease["ip"].starts_with("10.88.0."), "{lease:?}");
+    assert_eq!(lease["serverid"], ip_a.to_string());
+    let now_a = poll_blocking(Duration::from_secs(15), || {
+        (site_of(&in_b).as_deref() == Some("room-a")).then_some(())
+    });
+    assert!(
+        now_a.is_some(),
+        "{:?}\n{}",
+        nodes(&room_b.server, ip_b, ""),
+        logs()
+    );
+    assert_eq!(nodes(&room_a.server, ip_a, "").len(), 2, "still two nodes");
+    assert!(nodes(&room_b.server, ip_b, "?site=room-b").is_empty());
+    reap(&mut a);
+    reap(&mut b);
+}

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use super::common::{poll_blocking, pxed_bin, repo};
 use super::netns::Lan;
 
-const TOKEN: &str = "qemu-boot-test-token";
+pub(super) const TOKEN: &str = "qemu-boot-test-token";
 /// Power-on to the script took 12-20 s on a shared 2-core machine; the rest is headroom.
 const DEADLINE: Duration = Duration::from_secs(90);
 
@@ -43,7 +43,7 @@ fn die_with_parent(cmd: &mut Command) -> &mut Command {
 }
 
 /// Kills and reaps a child.
-fn reap(child: &mut Child) {
+pub(super) fn reap(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -168,7 +168,7 @@ struct Appliance {
 
 /// Spawns `pxed serve` with full DHCP on `iface` of `ns` at `ip`, logging to
 /// `dir/pxed.log`, its data in `dir/data`; extra environment `env`.
-fn spawn_pxed(
+pub(super) fn spawn_pxed(
     ns: &super::netns::Netns,
     iface: &str,
     ip: Ipv4Addr,
@@ -201,7 +201,11 @@ fn spawn_pxed(
 }
 
 /// A plain HTTP/1.0 GET to `ip:80` from inside `ns`: (status, body).
-fn http_get(ns: &super::netns::Netns, ip: Ipv4Addr, path: &str) -> std::io::Result<(u16, String)> {
+pub(super) fn http_get(
+    ns: &super::netns::Netns,
+    ip: Ipv4Addr,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
     let addr = SocketAddr::from((ip, 80));
     let req = format!("GET {path} HTTP/1.0\r\nHost: {ip}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n");
     ns.enter(move || {
