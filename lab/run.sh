@@ -45,6 +45,14 @@
 #              removed devices; accepting the inventory (the API's re-baseline) returns
 #              the node to `available`. (Unchanged hardware passing the gate is the plain
 #              lab's generation 2.)
+#   failover   two pxed on one PostgreSQL database (a private cluster started by
+#              .ci/pg-start): A on br0 at 10.98.0.1, B on a veth into the same bridge at
+#              10.98.0.3, both answering DHCP, TFTP and HTTP, lifecycle.owner_ttl 3 s.
+#              When the node is installing, the instance that holds it (node_owners: the
+#              one whose address the deploy agent talks to) is killed with SIGKILL. The
+#              other must take the node over, retry it at its installing deadline
+#              (LAB_INSTALL_DEADLINE, 150 s here) and finish the reinstall: `available`
+#              with the MAC's hostname, every stage in order.
 # --installer, one VM: instead of the image deploy, the vendor's installer: Debian 12's
 #   debian-installer (debian-installer-12-netboot-amd64) from a mirror built from the
 #   archive by lab/di-mirror.sh and served in the namespace on 10.98.0.1:8080. It loads
@@ -76,7 +84,9 @@ CACHE=${PXED_IMAGE_CACHE:-$here/images/cache}
 W=$(mktemp -d /tmp/pxlab.XXXXXX)
 TOKEN=lab-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 T0=$(date +%s)
-PXED_PID='' CTL_PID='' MIRROR_PID='' PROXY_PID=''
+PXED_PID='' CTL_PID='' MIRROR_PID='' PROXY_PID='' PXED_B_PID='' PG_DIR=''
+# The failover fault's second instance; the API is asked through whichever is alive.
+SERVER_B=10.98.0.3 API_IP=$SERVER
 FAILED=0
 
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -92,6 +102,8 @@ cleanup() {
   [ -n "$CTL_PID" ] && kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
   [ -f "$W/lab.json" ] && python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1
   [ -n "$PXED_PID" ] && kill -TERM "$PXED_PID" 2>/dev/null && wait "$PXED_PID" 2>/dev/null
+  [ -n "$PXED_B_PID" ] && kill -TERM "$PXED_B_PID" 2>/dev/null && wait "$PXED_B_PID" 2>/dev/null
+  [ -n "$PG_DIR" ] && bash "$here/.ci/pg-start" --stop "$PG_DIR" 2>/dev/null && rm -rf "$PG_DIR"
   [ -n "$MIRROR_PID" ] && kill -TERM "$MIRROR_PID" 2>/dev/null && wait "$MIRROR_PID" 2>/dev/null
   [ -n "$PROXY_PID" ] && kill -TERM "$PROXY_PID" 2>/dev/null && wait "$PROXY_PID" 2>/dev/null
   ip netns pids "$NS" 2>/dev/null | xargs -r kill -9 2>/dev/null
@@ -162,7 +174,9 @@ case "$FAULT" in
   lyingbmc) REINSTALLS=2
     export PXED_LIFECYCLE__NETBOOT_OBSERVE=${LAB_NETBOOT_OBSERVE:-60s} ;;
   lostdevice) REINSTALLS=2 ;;
-  *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride, lyingbmc, lostdevice)" >&2; exit 2 ;;
+  failover) REINSTALLS=1 LAB_INSTALL_DEADLINE=${LAB_INSTALL_DEADLINE:-150s}
+    export PXED_LIFECYCLE__OWNER_TTL=3s ;;
+  *) echo "unknown fault $FAULT (checksum, notfound, poweroff, nooverride, lyingbmc, lostdevice, failover)" >&2; exit 2 ;;
 esac
 [ -n "$FAULT" ] && VMS=1
 export PXED_LIFECYCLE__DEADLINES__NETBOOTING=${LAB_NETBOOT_DEADLINE:-10m}
@@ -177,6 +191,16 @@ if [ -n "$INSTALLER" ]; then
   for _ in $(seq 1 50); do ip netns exec "$NS" curl -sf -o /dev/null "${MIRROR}debian/dists/bookworm/Release" && break; sleep 0.2; done
   export PXED_LIFECYCLE__MAX_ATTEMPTS=0
 fi
+if [ "$FAULT" = failover ]; then
+  # One PostgreSQL database for both instances, its schema from `pxed migrate`.
+  PG_DIR=$(mktemp -u /tmp/pxlab-pg.XXXXXX)
+  PG_BIN=$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+  bash "$here/.ci/pg-start" "$PG_DIR" >/dev/null
+  "$PG_BIN/psql" -X -q -h "$PG_DIR" -U postgres -d postgres -c 'CREATE DATABASE pxlab' >/dev/null
+  export PXED_DATABASE_URL="postgres://postgres@localhost/pxlab?host=$PG_DIR"
+  "$PXED" migrate "${SRV[@]}" > "$W/migrate.log" 2>&1 || { cat "$W/migrate.log"; exit 1; }
+  say "fault failover: PostgreSQL in $PG_DIR, database pxlab migrated"
+fi
 say "importing image $IMAGE from $MIRROR"
 ip netns exec "$NS" "$PXED" image add "$IMAGE" ${INSTALLER:+--arch x86_64} "${SRV[@]}" > "$W/import.log" 2>&1 \
   || { cat "$W/import.log"; exit 1; }
@@ -185,6 +209,24 @@ ip netns exec "$NS" env PXED_LOG=info "$PXED" serve "${SRV[@]}" --interface br0 
   --pool 10.98.0.100-10.98.0.199 --netmask 255.255.255.0 --router "$SERVER" --server-ip "$SERVER" \
   --http "$SERVER:80" --tftp "$SERVER:69" > "$W/pxed.log" 2>&1 &
 PXED_PID=$!
+if [ "$FAULT" = failover ]; then
+  # Instance B: the same secret key and image files (a copy of A's data dir), its own
+  # port into the bridge and address; both answer every client.
+  cp -a "$W/data" "$W/data-b"
+  ip -n "$NS" link add pxb0 type veth peer name pxb1
+  ip -n "$NS" link set pxb1 master br0 up
+  ip -n "$NS" addr add "$SERVER_B/24" dev pxb0
+  ip -n "$NS" link set pxb0 up
+  ip netns exec "$NS" sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.pxb0.rp_filter=0
+  ip netns exec "$NS" env PXED_LOG=info "$PXED" serve --data-dir "$W/data-b" --ipxe-dir "$here/ipxe/bin" \
+    --interface pxb0 --dhcp full --pool 10.98.0.100-10.98.0.199 --netmask 255.255.255.0 \
+    --router "$SERVER" --server-ip "$SERVER_B" --http "$SERVER_B:80" --tftp "$SERVER_B:69" \
+    > "$W/pxed-b.log" 2>&1 &
+  PXED_B_PID=$!
+  for _ in $(seq 1 50); do ip netns exec "$NS" curl -sf "http://$SERVER_B/healthz" >/dev/null && break; sleep 0.2; done
+  ip netns exec "$NS" curl -sf "http://$SERVER_B/healthz" >/dev/null || { tail -20 "$W/pxed-b.log"; say "instance B did not come up"; exit 1; }
+  say "fault failover: instance A at $SERVER (pid $PXED_PID), B at $SERVER_B (pid $PXED_B_PID), one database"
+fi
 
 MACS=() UUIDS=()
 vms_json=
@@ -234,7 +276,7 @@ api() { # METHOD PATH [JSON] [IDEMPOTENCY-KEY]
   local a=(-sS -X "$1" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json')
   [ -n "${3:-}" ] && a+=(-d "$3")
   [ -n "${4:-}" ] && a+=(-H "Idempotency-Key: $4")
-  ip netns exec "$NS" curl "${a[@]}" "http://$SERVER/api/v1$2"
+  ip netns exec "$NS" curl "${a[@]}" "http://$API_IP/api/v1$2"
 }
 for _ in $(seq 1 50); do ip netns exec "$NS" curl -sf "http://$SERVER/healthz" >/dev/null && break; sleep 0.2; done
 say "pxed, sushy-tools and the lab controller are up in netns $NS"
@@ -319,6 +361,19 @@ for gen in $(seq 1 "$REINSTALLS"); do
         cut=1
         say "fault poweroff: Redfish ForceOff while the image is written -> $(redfish POST \
           "/Systems/${UUIDS[$((i-1))]}/Actions/ComputerSystem.Reset" '{"ResetType":"ForceOff"}')"
+      fi
+      if [ "$FAULT" = failover ] && [ -z "$cut" ] && [ "$st" = installing ]; then
+        cut=1
+        # The claim's holder is `host:pid:random`.
+        owner=$("$PG_BIN/psql" -X -At "$PXED_DATABASE_URL" -c "SELECT owner FROM node_owners WHERE node_id = $id")
+        pid=$(echo "$owner" | cut -d: -f2)
+        case "$pid" in
+          "$PXED_PID") VICTIM=A SURVIVOR_LOG=$W/pxed-b.log API_IP=$SERVER_B PXED_PID='' ;;
+          "$PXED_B_PID") VICTIM=B SURVIVOR_LOG=$W/pxed.log PXED_B_PID='' ;;
+          *) say "FAIL fault failover: node $id is held by '$owner', neither instance"; FAILED=$((FAILED+1)); break ;;
+        esac
+        kill -9 "$pid"
+        say "fault failover: instance $VICTIM (pid $pid), which holds node $id, killed with SIGKILL while installing"
       fi
       case "$st" in available|failed|quarantined) break ;; esac
       if [ $(( $(date +%s) - start )) -gt "${LAB_NODE_TIMEOUT:-1500}" ]; then say "node $id: timed out in $st"; break; fi
@@ -421,6 +476,17 @@ d = json.load(sys.stdin); g = int(sys.argv[1])
 print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "deadline_expired"))' "$gen")
       if [ -z "$cut" ] || [ "$retried" = 0 ]; then
         say "FAIL fault poweroff: power cut $([ -n "$cut" ] && echo sent || echo never sent), $retried retries"
+        FAILED=$((FAILED+1))
+      fi
+    fi
+    if [ "$FAULT" = failover ]; then
+      retried=$(echo "$n" | python3 -c 'import sys, json
+d = json.load(sys.stdin); g = int(sys.argv[1])
+print(sum(1 for e in d["events"] if e["generation"] == g and e["event"] == "deadline_expired"))' "$gen")
+      if [ -n "$cut" ] && grep -q "took over nodes" "${SURVIVOR_LOG:-/dev/null}"; then
+        say "fault failover: the survivor took node $id over ($retried retries at a deadline)"
+      else
+        say "FAIL fault failover: $([ -n "$cut" ] && echo "instance $VICTIM killed" || echo "nothing killed"), no takeover in the survivor's log"
         FAILED=$((FAILED+1))
       fi
     fi

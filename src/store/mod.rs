@@ -578,6 +578,27 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// Unreachable (the request may be sent again) against every other failure.
+    #[test]
+    fn an_unreachable_database_is_told_apart_from_other_errors() {
+        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        for e in [
+            StoreError::Db(sqlx::Error::PoolTimedOut),
+            StoreError::Db(sqlx::Error::Io(io())),
+            StoreError::Pg(store_pg::PgError::Db(sqlx::Error::Io(io()))),
+            StoreError::ProbeTimeout(Duration::from_secs(2)),
+        ] {
+            assert!(e.is_unavailable(), "{e}");
+        }
+        for e in [
+            StoreError::Db(sqlx::Error::RowNotFound),
+            StoreError::NotOnPostgres("x"),
+            StoreError::Pg(store_pg::PgError::Schema("x".into())),
+        ] {
+            assert!(!e.is_unavailable(), "{e}");
+        }
+    }
+
     /// Processes that open one new data dir at once (two daemons starting, `pxed
     /// migrate` beside a start) all get the same migrated store and the same key:
     /// none finds a half-created file, a half-run migration or a key file being
