@@ -700,6 +700,13 @@ impl Lifecycle {
                 // CANCEL-SAFETY: sleeping holds no state.
                 _ = tokio::time::sleep(wait) => {
                     me.deadlines.lock().expect("lock").remove(&id);
+                    // Paused past its claim (or cut off): another instance answers for
+                    // the node now and runs its timers. A failed check fires: the
+                    // event's own version check still decides.
+                    if let Ok(false) = me.store.answers_for(id, &me.owner).await {
+                        tracing::info!(node = id, event = ev.name(), "timer not fired: another instance answers for the node");
+                        return;
+                    }
                     tracing::info!(node = id, event = ev.name(), detail = ?ev.detail(), "timer fired");
                     me.apply_logged(id, ev, "deadline").await;
                 }

@@ -113,6 +113,15 @@ impl Store {
         Ok(())
     }
 
+    /// Whether `owner` still answers for node `id` (its claim has not lapsed); always
+    /// on SQLite (one instance).
+    pub async fn answers_for(&self, id: i64, owner: &str) -> Result<bool, StoreError> {
+        match &self.db {
+            Db::Postgres(pg) => Ok(pg.answers_for(id, owner).await?),
+            Db::Sqlite(_) => Ok(true),
+        }
+    }
+
     /// Gives node `id` up (it has come to rest).
     pub async fn release_node(&self, id: i64, owner: &str) -> Result<(), StoreError> {
         if let Db::Postgres(pg) = &self.db {
@@ -189,6 +198,7 @@ mod tests {
         assert!(!lite.is_shared());
         assert_eq!(lite.claim_orphans("a", ttl, &states).await.unwrap(), None);
         assert_eq!(lite.renew_nodes("a", ttl).await.unwrap(), None);
+        assert!(lite.answers_for(1, "a").await.unwrap());
         assert!(lite.try_duty(Duty::Webhooks).await.unwrap().is_some());
 
         assert!(pg.is_shared());
@@ -203,8 +213,12 @@ mod tests {
             Some(HashSet::new())
         );
         assert_eq!(pg.renew_nodes("a", ttl).await.unwrap(), Some(one.clone()));
+        assert!(pg.answers_for(id, "a").await.unwrap());
+        assert!(!pg.answers_for(id, "b").await.unwrap());
         // B applies an event to it: B answers for it now, and A's renewal says so.
         pg.take_node(id, "b", ttl).await.unwrap();
+        assert!(!pg.answers_for(id, "a").await.unwrap());
+        assert!(pg.answers_for(id, "b").await.unwrap());
         assert_eq!(
             pg.renew_nodes("a", ttl).await.unwrap(),
             Some(HashSet::new())
@@ -215,6 +229,7 @@ mod tests {
         );
         // B dies (stops renewing): once its claim lapses, A takes the node over.
         tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+        assert!(!pg.answers_for(id, "b").await.unwrap(), "lapsed");
         assert_eq!(
             pg.claim_orphans("a", ttl, &states).await.unwrap(),
             Some(one.clone())

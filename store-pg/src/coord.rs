@@ -148,6 +148,23 @@ impl PgStore {
         .await?)
     }
 
+    /// True if `owner`'s claim on `node` has not lapsed (whatever its fence): the check
+    /// before a timer's event, so an instance that was paused past its claim does not
+    /// fire a deadline for a node another instance now answers for.
+    pub async fn answers_for(&self, node: i64, owner: &str) -> Result<bool, PgError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT EXISTS (
+                 SELECT 1 FROM node_owners
+                  WHERE node_id = $1 AND owner = $2
+                    AND expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+               ) AS "held!""#,
+            node,
+            owner
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Gives `node` up (at a clean stop), so another instance need not wait for the
     /// claim to lapse. False if `owner` did not hold it.
     pub async fn release_node(&self, node: i64, owner: &str) -> Result<bool, PgError> {
