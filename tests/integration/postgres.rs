@@ -29,16 +29,21 @@ fn metric(d: &Daemon, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// `pxed migrate` of the database at `url` (a data dir under `dir`).
+fn migrate(url: &str, dir: &std::path::Path) {
+    let (ok, _, err) = run(Command::new(pxed_bin())
+        .args(["migrate", "--data-dir"])
+        .arg(dir.join("data"))
+        .env("PXED_DATABASE_URL", url));
+    assert!(ok, "{err}");
+}
+
 #[test]
 fn a_postgresql_restart_degrades_health_and_loses_nothing() {
     let cluster = store_pg::cluster::Cluster::start().unwrap();
     let url = cluster.create_database("pxed").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (ok, _, err) = run(Command::new(pxed_bin())
-        .args(["migrate", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .env("PXED_DATABASE_URL", &url));
-    assert!(ok, "{err}");
+    migrate(&url, dir.path());
     let mut d = Daemon::start_in(
         dir,
         &[],
@@ -130,11 +135,7 @@ async fn a_postgresql_restart_during_a_reinstall_loses_nothing_it_acknowledged()
     let work = tempfile::tempdir().unwrap();
     let mirror = rocky_mirror(work.path());
     let dir = tempfile::tempdir().unwrap();
-    let (ok, _, err) = run(Command::new(pxed_bin())
-        .args(["migrate", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .env("PXED_DATABASE_URL", &url));
-    assert!(ok, "{err}");
+    migrate(&url, dir.path());
     let (ok, out, err) = run(Command::new(pxed_bin())
         .current_dir(repo())
         .args(["image", "add", "rocky-9", "--demo", "--data-dir"])
