@@ -165,7 +165,7 @@ async fn a_postgresql_restart_during_a_reinstall_loses_nothing_it_acknowledged()
     let kernel = d.url("/images/rocky-9/x86_64/kernel");
     let down = || {
         cluster.kill();
-        poll_blocking(Duration::from_secs(20), || {
+        poll_blocking(Duration::from_secs(40), || {
             (healthz(&d).0 == 503).then_some(())
         })
         .unwrap_or_else(|| panic!("healthz never said degraded\n{}", d.log_text()));
@@ -173,7 +173,7 @@ async fn a_postgresql_restart_during_a_reinstall_loses_nothing_it_acknowledged()
     };
     let up = || {
         cluster.restart().unwrap();
-        poll_blocking(Duration::from_secs(30), || {
+        poll_blocking(Duration::from_secs(40), || {
             (healthz(&d).0 == 200).then_some(())
         })
         .unwrap_or_else(|| panic!("healthz never recovered\n{}", d.log_text()));
