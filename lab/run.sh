@@ -48,8 +48,8 @@
 #   failover   two pxed on one PostgreSQL database (a private cluster started by
 #              .ci/pg-start): A on br0 at 10.98.0.1, B on a veth into the same bridge at
 #              10.98.0.3, both answering DHCP, TFTP and HTTP, lifecycle.owner_ttl 3 s.
-#              When the node is installing, the instance that holds it (node_owners: the
-#              one whose address the deploy agent talks to) is killed with SIGKILL. The
+#              While the image is written, the instance that holds the node (node_owners:
+#              the one the deploy agent streams from and reports to) is killed with SIGKILL. The
 #              other must take the node over, retry it at its installing deadline
 #              (LAB_INSTALL_DEADLINE, 150 s here) and finish the reinstall: `available`
 #              with the MAC's hostname, every stage in order.
@@ -362,7 +362,7 @@ for gen in $(seq 1 "$REINSTALLS"); do
         say "fault poweroff: Redfish ForceOff while the image is written -> $(redfish POST \
           "/Systems/${UUIDS[$((i-1))]}/Actions/ComputerSystem.Reset" '{"ResetType":"ForceOff"}')"
       fi
-      if [ "$FAULT" = failover ] && [ -z "$cut" ] && [ "$st" = installing ]; then
+      if [ "$FAULT" = failover ] && [ -z "$cut" ] && echo "$n" | grep -q '% written'; then
         cut=1
         # The claim's holder is `host:pid:random`.
         owner=$("$PG_BIN/psql" -X -At "$PXED_DATABASE_URL" -c "SELECT owner FROM node_owners WHERE node_id = $id")
@@ -373,7 +373,7 @@ for gen in $(seq 1 "$REINSTALLS"); do
           *) say "FAIL fault failover: node $id is held by '$owner', neither instance"; FAILED=$((FAILED+1)); break ;;
         esac
         kill -9 "$pid"
-        say "fault failover: instance $VICTIM (pid $pid), which holds node $id, killed with SIGKILL while installing"
+        say "fault failover: instance $VICTIM (pid $pid), which holds node $id, killed with SIGKILL while the image is written"
       fi
       case "$st" in available|failed|quarantined) break ;; esac
       if [ $(( $(date +%s) - start )) -gt "${LAB_NODE_TIMEOUT:-1500}" ]; then say "node $id: timed out in $st"; break; fi
