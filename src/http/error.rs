@@ -45,9 +45,9 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.error, "detail": self.detail });
-        if self.error == "store_unavailable" {
-            // Installers, agents and hooks that honour it come back when the database
-            // may be.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            // The database away, a shutdown: installers, agents and hooks that honour
+            // it come back when pxed (or another instance) may answer.
             let retry = [(axum::http::header::RETRY_AFTER, "5")];
             return (self.status, retry, axum::Json(body)).into_response();
         }

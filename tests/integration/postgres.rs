@@ -180,7 +180,14 @@ async fn a_postgresql_restart_during_a_reinstall_loses_nothing_it_acknowledged()
     };
     let post = async |path: &str, body: serde_json::Value| {
         let r = api.http.post(d.url(path)).json(&body).send().await.unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
+        let retry = r.headers().get("retry-after").cloned();
+        let status = r.status().as_u16();
+        assert_eq!(
+            retry.is_some(),
+            status == 503,
+            "Retry-After on a 503 only: {status}"
+        );
+        (status, r.text().await.unwrap())
     };
 
     // 1. netbooting: boot files and a safe script are served meanwhile.
