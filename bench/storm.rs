@@ -182,6 +182,8 @@ struct Sim {
     /// CPU seconds (server, simulator, whole machine) at t0.
     cpu0: Mutex<Cpu>,
     counters: Counters,
+    /// Per request kind: (connect, response head, whole exchange) in seconds.
+    requests: Mutex<BTreeMap<&'static str, Vec<[f64; 3]>>>,
     timelines: Vec<Mutex<Timeline>>,
     /// DHCP replies by xid.
     waiters: Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>,
@@ -518,17 +520,38 @@ impl Sim {
                 self.counters.http_retries.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_secs(*back)).await;
             }
-            match http_once(
-                src,
-                SocketAddrV4::new(self.args.server, self.args.http_port),
-                method,
-                path,
-                body,
-                keep,
-                &self.args.token,
-            )
-            .await
-            {
+            let started = Instant::now();
+            let server = SocketAddrV4::new(self.args.server, self.args.http_port);
+            let (r, marks) = if keep {
+                let mut marks = Marks::default();
+                let r = http_once(
+                    src,
+                    server,
+                    method,
+                    path,
+                    body,
+                    keep,
+                    &self.args.token,
+                    &mut marks,
+                )
+                .await;
+                (r, marks)
+            } else {
+                bulk_get(src, server, path.to_string()).await
+            };
+            if r.is_ok() {
+                self.requests
+                    .lock()
+                    .unwrap()
+                    .entry(request_kind(path))
+                    .or_default()
+                    .push([
+                        marks.connected.map_or(0.0, |t| (t - started).as_secs_f64()),
+                        marks.head.map_or(0.0, |t| (t - started).as_secs_f64()),
+                        started.elapsed().as_secs_f64(),
+                    ]);
+            }
+            match r {
                 Ok((s, b, _)) if s >= 500 => {
                     last = anyhow!("HTTP {s} for {path}: {:.300}", String::from_utf8_lossy(&b))
                 }
@@ -756,6 +779,73 @@ fn url_after(script: &str, cmd: &str) -> Option<String> {
 
 /// One HTTP/1.1 exchange from `src`. With `keep` the body is returned, else only
 /// counted (kernels and initrds are read to the end and dropped).
+/// The runtime kernel and initrd bodies are read on. Each simulated node is a machine
+/// of its own; read on the same worker threads as the BMC double, DHCP, TFTP and the
+/// firmware's timers, a hundred bodies arriving at gigabytes a second would delay all
+/// of those (each read loop runs until its task's budget is spent), and the simulator
+/// would report its own queueing as the server's.
+fn bulk_runtime() -> &'static tokio::runtime::Runtime {
+    static BULK: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    BULK.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(std::thread::available_parallelism().map_or(2, usize::from))
+            .thread_name("storm-bulk")
+            .enable_all()
+            .build()
+            .expect("a runtime for bulk reads")
+    })
+}
+
+/// A GET whose body is counted and dropped, read on [`bulk_runtime`].
+async fn bulk_get(
+    src: Ipv4Addr,
+    server: SocketAddrV4,
+    path: String,
+) -> (Result<(u16, Vec<u8>, u64)>, Marks) {
+    let job = bulk_runtime().spawn(async move {
+        let mut marks = Marks::default();
+        let r = http_once(src, server, "GET", &path, None, false, "", &mut marks).await;
+        (r, marks)
+    });
+    match job.await {
+        Ok(done) => done,
+        Err(e) => (Err(anyhow!("the bulk read ended: {e}")), Marks::default()),
+    }
+}
+
+/// When an exchange connected and when its response head arrived.
+#[derive(Default)]
+struct Marks {
+    connected: Option<Instant>,
+    head: Option<Instant>,
+}
+
+/// The kind of a request, for the per-request latency table.
+fn request_kind(path: &str) -> &'static str {
+    let last = path.rsplit('/').next().unwrap_or("");
+    if path.starts_with("/boot/") {
+        "script (/boot/)"
+    } else if path.starts_with("/cfg/") {
+        "kickstart (/cfg/)"
+    } else if path.starts_with("/cb/") {
+        match last {
+            "installed" => "installed (/cb/)",
+            "first-boot" => "first-boot (/cb/)",
+            "health" => "health (/cb/)",
+            _ => "other callback (/cb/)",
+        }
+    } else if path.starts_with("/images/") {
+        if last.contains("initrd") {
+            "initrd"
+        } else {
+            "kernel"
+        }
+    } else {
+        "other"
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn http_once(
     src: Ipv4Addr,
     server: SocketAddrV4,
@@ -764,12 +854,14 @@ async fn http_once(
     body: Option<&Value>,
     keep: bool,
     token: &str,
+    marks: &mut Marks,
 ) -> Result<(u16, Vec<u8>, u64)> {
     let sock = TcpSocket::new_v4()?;
     sock.bind(SocketAddr::V4(SocketAddrV4::new(src, 0)))?;
     let mut s = tokio::time::timeout(Duration::from_secs(10), sock.connect(server.into()))
         .await
         .context("connect timed out")??;
+    marks.connected = Some(Instant::now());
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {server}\r\nUser-Agent: iPXE/1.21.1 (storm)\r\nConnection: close\r\n"
@@ -806,6 +898,7 @@ async fn http_once(
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case("content-length"))
                 .and_then(|h| std::str::from_utf8(h.value).ok()?.parse::<u64>().ok());
+            marks.head = Some(Instant::now());
             break (r.code.unwrap_or(0), clen, h);
         }
         if have == buf.len() {
@@ -1058,6 +1151,7 @@ async fn api(a: &Args, method: &str, path: &str, body: Option<Value>) -> Result<
         (!body.is_null()).then_some(&body),
         true,
         &a.token,
+        &mut Marks::default(),
     )
     .await?;
     let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
@@ -1123,6 +1217,7 @@ async fn main() -> Result<()> {
         t0: Mutex::new(None),
         cpu0: Mutex::new(Cpu::default()),
         counters: Counters::default(),
+        requests: Mutex::default(),
         timelines: (0..n).map(|_| Mutex::new(Timeline::default())).collect(),
         waiters: Mutex::new(HashMap::new()),
         dhcp,
@@ -1393,6 +1488,29 @@ async fn main() -> Result<()> {
         tot.len()
     );
     let last_done = tot.last().copied().unwrap_or(f64::NAN);
+    // Each HTTP exchange: connected, response head, whole (what a stage's time is made of).
+    println!(
+        "requests                  connect p50/p95/max    head p50/p95/max     whole p50/p95/max   (seconds)"
+    );
+    for (kind, v) in sim.requests.lock().unwrap().iter() {
+        let col = |k: usize| {
+            let mut c: Vec<f64> = v.iter().map(|r| r[k]).collect();
+            c.sort_by(f64::total_cmp);
+            format!(
+                "{:>6.2} {:>6.2} {:>6.2}",
+                pct(&c, 50.0),
+                pct(&c, 95.0),
+                pct(&c, 100.0)
+            )
+        };
+        println!(
+            "{kind:<24} {}   {}   {}   n={}",
+            col(0),
+            col(1),
+            col(2),
+            v.len()
+        );
+    }
     let c = &sim.counters;
     println!(
         "retries: DHCP retransmits {}, NAKs {}, TFTP timeouts {}, HTTP retries {}; extra power-ons {}",
@@ -1488,7 +1606,7 @@ async fn main() -> Result<()> {
             async move {
                 let srv = SocketAddrV4::new(a.server, a.http_port);
                 for p in [&a.kernel_path, &a.initrd_path] {
-                    let (s, _, got) = http_once(a.local, srv, "GET", p, None, false, "").await?;
+                    let (s, _, got) = bulk_get(a.local, srv, p.to_string()).await.0?;
                     if s != 200 {
                         bail!("floor: HTTP {s} for {p}");
                     }

@@ -135,7 +135,7 @@ run_pxed() {
     --token storm-token --server-pid "$pid" --floor-streams "${FLOOR_STREAMS:-64}" \
     --floor-pairs "${FLOOR_PAIRS:-200}" --api-parallel "${API_PARALLEL:-64}" | sed "s/^RESULT /RESULT server=$mode /"
   if [ "$sim_mode" = pxed ]; then
-    grep -E '^pxed_(power_on|dhcp_offers_held|first_stage|streams|http_sendfile|tftp|store_commits|store_writes)[a-z_]* ' \
+    grep -E '^pxed_(power_on|dhcp_offers_held|first_stage|streams|http_sendfile|tftp|store_commits|store_writes|store_write|http_connections)[a-z_]* ' \
       <(ip netns exec "$C" curl -sS http://10.77.0.1/metrics) | sed 's/^/  /' || true
   fi
   kill "$pid"; wait "$pid" 2>/dev/null || true

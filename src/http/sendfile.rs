@@ -32,6 +32,55 @@ pub const PEEK: usize = 8 * 1024;
 /// enough that a connection does not hog a worker thread.
 const CHUNK: usize = 4 << 20;
 
+/// The runtime file transfers run on, apart from the one that answers DHCP, TFTP,
+/// scripts, callbacks and the API. A transfer is a loop of `sendfile` calls that each
+/// copy megabytes; with a hundred of them on the same worker threads, every other task
+/// waited behind them for its turn, and so did the store's one writer connection,
+/// which a write holds across several turns: in a 1,000-node storm the writer finished
+/// 64 writes a second with 400 queued, and callbacks took seconds. On threads of
+/// their own, transfers share the CPU through the kernel's scheduler, which runs a
+/// woken DHCP or store task within a time slice. `None` if it could not be built (then
+/// transfers run where they are called).
+fn files_runtime() -> Option<&'static tokio::runtime::Runtime> {
+    static FILES: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
+    FILES
+        .get_or_init(|| {
+            let threads = std::thread::available_parallelism().map_or(2, usize::from);
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .thread_name("pxed-files")
+                .enable_io()
+                .build()
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "no runtime of its own for file transfers"),
+                )
+                .ok()
+        })
+        .as_ref()
+}
+
+/// [`answer`] on the file runtime: the connection moves there for the response and
+/// comes back for the next request.
+async fn answer_apart(
+    stream: TcpStream,
+    req: FileRequest,
+    roots: (PathBuf, PathBuf),
+) -> std::io::Result<(TcpStream, std::io::Result<Served>)> {
+    let Some(rt) = files_runtime() else {
+        let mut stream = stream;
+        let r = answer(&mut stream, &req, (&roots.0, &roots.1)).await;
+        return Ok((stream, r));
+    };
+    let std = stream.into_std()?;
+    let job = rt.spawn(async move {
+        let mut stream = TcpStream::from_std(std)?;
+        let r = answer(&mut stream, &req, (&roots.0, &roots.1)).await;
+        Ok::<_, std::io::Error>((stream.into_std()?, r))
+    });
+    let (std, r) = job.await.map_err(std::io::Error::other)??;
+    Ok((TcpStream::from_std(std)?, r))
+}
+
 /// A request this module answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileRequest {
@@ -281,7 +330,7 @@ pub async fn files_first(
             return Some(stream);
         };
         let began = Instant::now();
-        let roots = (st.cfg.ipxe_dir.as_path(), st.cfg.images_dir.as_path());
+        let roots = (st.cfg.ipxe_dir.clone(), st.cfg.images_dir.clone());
         // A GET holds its pacing slot while the file goes out (DHCP offers wait on it).
         let _slot = (!req.head_only).then(|| {
             st.slots.acquire(match req.tree {
@@ -289,7 +338,17 @@ pub async fn files_first(
                 Tree::Images => crate::pacing::Slot::Stream,
             })
         });
-        match answer(&mut stream, &req, roots).await {
+        let served = match answer_apart(stream, req.clone(), roots).await {
+            Ok((back, r)) => {
+                stream = back;
+                r
+            }
+            Err(e) => {
+                tracing::debug!(%peer, path = %req.path, error = %e, "could not move the connection between runtimes");
+                return None;
+            }
+        };
+        match served {
             Ok(Served::NotHere) => return Some(stream),
             Ok(Served::Whole { bytes, keep_alive }) => {
                 stats.sendfile_responses.inc();

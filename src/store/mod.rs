@@ -141,6 +141,14 @@ pub struct StoreHealth {
     /// Batches the writer committed, and the writes in them (group commit).
     commits: AtomicU64,
     writes: AtomicU64,
+    /// Microseconds writes waited for their turn at the writer, and held it (their
+    /// statements; a batch's COMMIT counts to the write that runs it).
+    write_wait_us: AtomicU64,
+    write_hold_us: AtomicU64,
+    /// Writes waiting for their turn right now.
+    write_queued: AtomicU64,
+    /// Writes dropped without a commit (rolled back to their savepoint).
+    write_dropped: AtomicU64,
     /// The last probe: when, and its error if it failed.
     last_probe: Mutex<Option<(Instant, Option<String>)>>,
 }
@@ -174,6 +182,34 @@ impl Render for StoreHealth {
             "Store writes committed",
             "counter",
             self.writes.load(Ordering::Relaxed),
+        );
+        sample(
+            out,
+            "pxed_store_write_wait_seconds_total",
+            "Seconds writes waited for their turn at the one writer connection, summed",
+            "counter",
+            self.write_wait_us.load(Ordering::Relaxed) as f64 / 1e6,
+        );
+        sample(
+            out,
+            "pxed_store_write_hold_seconds_total",
+            "Seconds writes held the writer connection (statements and COMMITs), summed",
+            "counter",
+            self.write_hold_us.load(Ordering::Relaxed) as f64 / 1e6,
+        );
+        sample(
+            out,
+            "pxed_store_writes_queued",
+            "Writes waiting for their turn at the writer connection now",
+            "gauge",
+            self.write_queued.load(Ordering::Relaxed),
+        );
+        sample(
+            out,
+            "pxed_store_writes_rolled_back_total",
+            "Store writes ended without a commit (an error, nothing to change, a cancelled request)",
+            "counter",
+            self.write_dropped.load(Ordering::Relaxed),
         );
         let writable = match &*self.last_probe.lock().expect("lock") {
             Some((_, None)) | None => 1,

@@ -23,6 +23,7 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
@@ -84,8 +85,18 @@ impl Writer {
             writer: self.clone(),
             slot: None,
             counted: true,
+            turn: None,
         };
+        let asked = Instant::now();
+        self.health.write_queued.fetch_add(1, Ordering::Relaxed);
+        let queued = Queued(&self.health);
         let mut slot = self.slot.clone().lock_owned().await;
+        drop(queued);
+        let turn = Instant::now();
+        self.health
+            .write_wait_us
+            .fetch_add(micros(turn - asked), Ordering::Relaxed);
+        w.turn = Some(turn);
         self.tidy(&mut slot).await;
         if slot.closed {
             return Err(StoreError::Db(sqlx::Error::PoolClosed));
@@ -178,6 +189,14 @@ impl Writer {
         }
     }
 
+    fn held_since(&self, turn: Option<Instant>) {
+        if let Some(t) = turn {
+            self.health
+                .write_hold_us
+                .fetch_add(micros(t.elapsed()), Ordering::Relaxed);
+        }
+    }
+
     /// Closes the connection (waits for the write in progress).
     pub(super) async fn close(&self) {
         let mut slot = self.slot.lock().await;
@@ -197,6 +216,21 @@ pub struct Write {
     slot: Option<OwnedMutexGuard<Slot>>,
     /// Still counted in `pending`.
     counted: bool,
+    /// When it got the writer connection (for `write_hold_us`).
+    turn: Option<Instant>,
+}
+
+/// Counts a write in `write_queued` until dropped (also when its caller goes away).
+struct Queued<'a>(&'a StoreHealth);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.write_queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl std::fmt::Debug for Write {
@@ -217,12 +251,17 @@ impl Write {
         slot.dirty = false;
         slot.jobs += 1;
         self.counted = false;
+        let held = self.turn.take();
         let left = self.writer.pending.fetch_sub(1, Ordering::SeqCst) - 1;
         if left == 0 || slot.jobs >= MAX_BATCH {
             // The COMMIT runs to its end even if this caller goes away (a client that
             // hung up): the batch's other writes wait on its outcome.
             let writer = self.writer.clone();
-            let commit = tokio::spawn(async move { writer.finish(&mut slot).await });
+            let commit = tokio::spawn(async move {
+                let r = writer.finish(&mut slot).await;
+                writer.held_since(held);
+                r
+            });
             return commit.await.unwrap_or_else(|e| {
                 Err(StoreError::Db(sqlx::Error::Protocol(format!(
                     "the commit task ended: {e}"
@@ -231,6 +270,7 @@ impl Write {
         }
         let mut done = slot.batch.as_ref().expect("open batch").subscribe();
         drop(slot);
+        self.writer.held_since(held);
         let outcome = done
             .wait_for(Option::is_some)
             .await
@@ -270,10 +310,21 @@ impl Drop for Write {
         if self.counted {
             self.writer.pending.fetch_sub(1, Ordering::SeqCst);
         }
+        let turn = self.turn.take();
+        if turn.is_some() {
+            // It had its turn (a caller cancelled while waiting for one wrote nothing).
+            self.writer
+                .health
+                .write_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let writer = self.writer.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(async move { writer.settle(slot).await });
+                rt.spawn(async move {
+                    writer.settle(slot).await;
+                    writer.held_since(turn);
+                });
             }
             // No runtime (a test tearing down): the connection goes with the process.
             Err(_) => drop(slot),
@@ -414,6 +465,18 @@ mod tests {
         // The writer is free afterwards.
         put(&store, 5, None).await.unwrap();
         assert_eq!(keys(&store).await, vec![1, 3, 5]);
+        // What /metrics says of it: nothing queued (the cancelled waiter gave its
+        // place back), one write rolled back, and the queued ones' wait counted.
+        use std::sync::atomic::Ordering::Relaxed;
+        let h = &store.health;
+        assert_eq!(h.write_queued.load(Relaxed), 0);
+        assert_eq!(h.write_dropped.load(Relaxed), 1);
+        assert!(
+            h.write_wait_us.load(Relaxed) >= 100_000,
+            "waited {} µs behind a write held 100 ms",
+            h.write_wait_us.load(Relaxed)
+        );
+        assert!(h.write_hold_us.load(Relaxed) >= 100_000);
     }
 
     /// A COMMIT that fails fails every write in its batch (none of them happened), and
