@@ -20,6 +20,7 @@
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use tokio::io::{AsyncReadExt, Interest};
@@ -40,7 +41,7 @@ const CHUNK: usize = 4 << 20;
 /// 64 writes a second with 400 queued, and callbacks took seconds. On threads of
 /// their own, transfers share the CPU through the kernel's scheduler, which runs a
 /// woken DHCP or store task within a time slice. `None` if it could not be built (then
-/// transfers run where they are called).
+/// transfers run where they are accepted).
 fn files_runtime() -> Option<&'static tokio::runtime::Runtime> {
     static FILES: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
     FILES
@@ -49,7 +50,7 @@ fn files_runtime() -> Option<&'static tokio::runtime::Runtime> {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(threads)
                 .thread_name("pxed-files")
-                .enable_io()
+                .enable_all()
                 .build()
                 .inspect_err(
                     |e| tracing::warn!(error = %e, "no runtime of its own for file transfers"),
@@ -57,28 +58,6 @@ fn files_runtime() -> Option<&'static tokio::runtime::Runtime> {
                 .ok()
         })
         .as_ref()
-}
-
-/// [`answer`] on the file runtime: the connection moves there for the response and
-/// comes back for the next request.
-async fn answer_apart(
-    stream: TcpStream,
-    req: FileRequest,
-    roots: (PathBuf, PathBuf),
-) -> std::io::Result<(TcpStream, std::io::Result<Served>)> {
-    let Some(rt) = files_runtime() else {
-        let mut stream = stream;
-        let r = answer(&mut stream, &req, (&roots.0, &roots.1)).await;
-        return Ok((stream, r));
-    };
-    let std = stream.into_std()?;
-    let job = rt.spawn(async move {
-        let mut stream = TcpStream::from_std(std)?;
-        let r = answer(&mut stream, &req, (&roots.0, &roots.1)).await;
-        Ok::<_, std::io::Error>((stream.into_std()?, r))
-    });
-    let (std, r) = job.await.map_err(std::io::Error::other)??;
-    Ok((TcpStream::from_std(std)?, r))
 }
 
 /// A request this module answers.
@@ -305,7 +284,46 @@ pub async fn answer(
 /// Answers plain file requests on a fresh connection for as long as they come (see the
 /// module docs). Returns the stream when hyper must take over (the next request is not
 /// one of ours, nothing of it consumed), or `None` when the connection is done.
+///
+/// The first head is looked at where the connection was accepted; a connection whose
+/// first request is a file moves to [`files_runtime`] for as long as it asks for files
+/// and comes back for hyper.
 pub async fn files_first(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    st: &Arc<crate::state::AppState>,
+    stats: &Arc<super::ConnStats>,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Option<TcpStream> {
+    let mut buf = [0; PEEK];
+    let n = tokio::select! {
+        _ = cancel.cancelled() => return None,
+        r = tokio::time::timeout(super::HEADER_TIMEOUT, stream.peek(&mut buf)) => match r {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return None,
+        },
+    };
+    if n == 0 {
+        return None;
+    }
+    if !matches!(classify(&buf[..n]), Head::File(_)) {
+        return Some(stream);
+    }
+    let Some(rt) = files_runtime() else {
+        return files_loop(stream, peer, st, stats, cancel).await;
+    };
+    let std = stream.into_std().ok()?;
+    let (st, stats, cancel) = (st.clone(), stats.clone(), cancel.clone());
+    let job = rt.spawn(async move {
+        let stream = TcpStream::from_std(std).ok()?;
+        let back = files_loop(stream, peer, &st, &stats, &cancel).await?;
+        back.into_std().ok()
+    });
+    let back = job.await.ok()??;
+    TcpStream::from_std(back).ok()
+}
+
+async fn files_loop(
     mut stream: TcpStream,
     peer: std::net::SocketAddr,
     st: &crate::state::AppState,
@@ -330,7 +348,7 @@ pub async fn files_first(
             return Some(stream);
         };
         let began = Instant::now();
-        let roots = (st.cfg.ipxe_dir.clone(), st.cfg.images_dir.clone());
+        let roots = (st.cfg.ipxe_dir.as_path(), st.cfg.images_dir.as_path());
         // A GET holds its pacing slot while the file goes out (DHCP offers wait on it).
         let _slot = (!req.head_only).then(|| {
             st.slots.acquire(match req.tree {
@@ -338,17 +356,7 @@ pub async fn files_first(
                 Tree::Images => crate::pacing::Slot::Stream,
             })
         });
-        let served = match answer_apart(stream, req.clone(), roots).await {
-            Ok((back, r)) => {
-                stream = back;
-                r
-            }
-            Err(e) => {
-                tracing::debug!(%peer, path = %req.path, error = %e, "could not move the connection between runtimes");
-                return None;
-            }
-        };
-        match served {
+        match answer(&mut stream, &req, roots).await {
             Ok(Served::NotHere) => return Some(stream),
             Ok(Served::Whole { bytes, keep_alive }) => {
                 stats.sendfile_responses.inc();
