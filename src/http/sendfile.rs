@@ -295,17 +295,8 @@ pub async fn files_first(
     stats: &Arc<super::ConnStats>,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> Option<TcpStream> {
-    let mut buf = [0; PEEK];
-    let n = tokio::select! {
-        _ = cancel.cancelled() => return None,
-        r = tokio::time::timeout(super::HEADER_TIMEOUT, stream.peek(&mut buf)) => match r {
-            Ok(Ok(n)) => n,
-            Ok(Err(_)) | Err(_) => return None,
-        },
-    };
-    if n == 0 {
-        return None;
-    }
+    let mut buf = vec![0; PEEK];
+    let n = peek_head(&stream, &mut buf, cancel).await?;
     if !matches!(classify(&buf[..n]), Head::File(_)) {
         return Some(stream);
     }
@@ -323,6 +314,24 @@ pub async fn files_first(
     TcpStream::from_std(back).ok()
 }
 
+/// The bytes of the next request head there are so far, without consuming them; `None`
+/// when the connection is done (closed, cancelled, or idle past the header timeout,
+/// which an idle keep-alive connection gets as under hyper).
+async fn peek_head(
+    stream: &TcpStream,
+    buf: &mut [u8],
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Option<usize> {
+    let n = tokio::select! {
+        _ = cancel.cancelled() => return None,
+        r = tokio::time::timeout(super::HEADER_TIMEOUT, stream.peek(buf)) => match r {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return None,
+        },
+    };
+    (n > 0).then_some(n)
+}
+
 async fn files_loop(
     mut stream: TcpStream,
     peer: std::net::SocketAddr,
@@ -333,17 +342,7 @@ async fn files_loop(
     let client: IpAddr = crate::credential::canonical(peer.ip());
     let mut buf = vec![0; PEEK];
     loop {
-        // An idle keep-alive connection gets the same header timeout as under hyper.
-        let n = tokio::select! {
-            _ = cancel.cancelled() => return None,
-            r = tokio::time::timeout(super::HEADER_TIMEOUT, stream.peek(&mut buf)) => match r {
-                Ok(Ok(n)) => n,
-                Ok(Err(_)) | Err(_) => return None,
-            },
-        };
-        if n == 0 {
-            return None;
-        }
+        let n = peek_head(&stream, &mut buf, cancel).await?;
         let Head::File(req) = classify(&buf[..n]) else {
             return Some(stream);
         };
