@@ -522,7 +522,8 @@ impl Sim {
             }
             let started = Instant::now();
             let server = SocketAddrV4::new(self.args.server, self.args.http_port);
-            let (r, marks) = if keep {
+            // Only a body that is dropped (a kernel, an initrd) is read apart.
+            let (r, marks) = if keep || method != "GET" || body.is_some() {
                 let mut marks = Marks::default();
                 let r = http_once(
                     src,

@@ -303,10 +303,10 @@ pub async fn files_first(
     let Some(rt) = files_runtime() else {
         return files_loop(stream, peer, st, stats, cancel).await;
     };
-    let std = stream.into_std().ok()?;
+    let plain = stream.into_std().ok()?;
     let (st, stats, cancel) = (st.clone(), stats.clone(), cancel.clone());
     let job = rt.spawn(async move {
-        let stream = TcpStream::from_std(std).ok()?;
+        let stream = TcpStream::from_std(plain).ok()?;
         let back = files_loop(stream, peer, &st, &stats, &cancel).await?;
         back.into_std().ok()
     });
