@@ -950,8 +950,22 @@ struct System {
 struct Bmc {
     systems: Mutex<HashMap<String, System>>,
     nodes: HashMap<String, (usize, mpsc::UnboundedSender<()>)>,
-    requests: AtomicU64,
+    /// Requests by kind (`BMC_KINDS`); `at_t0` is a copy taken when the reinstalls start.
+    requests: [AtomicU64; 5],
+    at_t0: Mutex<[u64; 5]>,
     resets: AtomicU64,
+}
+
+const BMC_KINDS: [&str; 5] = ["root", "systems", "system GET", "PATCH", "reset"];
+
+impl Bmc {
+    fn count(&self, kind: usize) {
+        self.requests[kind].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn counts(&self) -> [u64; 5] {
+        std::array::from_fn(|k| self.requests[k].load(Ordering::Relaxed))
+    }
 }
 
 fn system_json(id: &str, s: &System) -> Value {
@@ -977,7 +991,7 @@ fn system_json(id: &str, s: &System) -> Value {
 }
 
 async fn rf_root(State(b): State<Arc<Bmc>>) -> Json<Value> {
-    b.requests.fetch_add(1, Ordering::Relaxed);
+    b.count(0);
     Json(json!({
         "@odata.id": "/redfish/v1/",
         "RedfishVersion": "1.6.0",
@@ -986,7 +1000,7 @@ async fn rf_root(State(b): State<Arc<Bmc>>) -> Json<Value> {
 }
 
 async fn rf_systems(State(b): State<Arc<Bmc>>) -> Json<Value> {
-    b.requests.fetch_add(1, Ordering::Relaxed);
+    b.count(1);
     let members: Vec<Value> = b
         .systems
         .lock()
@@ -998,7 +1012,7 @@ async fn rf_systems(State(b): State<Arc<Bmc>>) -> Json<Value> {
 }
 
 async fn rf_system(State(b): State<Arc<Bmc>>, Path(id): Path<String>) -> Response {
-    b.requests.fetch_add(1, Ordering::Relaxed);
+    b.count(2);
     match b.systems.lock().unwrap().get(&id) {
         Some(s) => Json(system_json(&id, s)).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
@@ -1010,7 +1024,7 @@ async fn rf_patch(
     Path(id): Path<String>,
     Json(body): Json<Value>,
 ) -> Response {
-    b.requests.fetch_add(1, Ordering::Relaxed);
+    b.count(3);
     let mut systems = b.systems.lock().unwrap();
     let Some(s) = systems.get_mut(&id) else {
         return StatusCode::NOT_FOUND.into_response();
@@ -1029,7 +1043,7 @@ async fn rf_reset(
     Path(id): Path<String>,
     Json(body): Json<Value>,
 ) -> Response {
-    b.requests.fetch_add(1, Ordering::Relaxed);
+    b.count(4);
     b.resets.fetch_add(1, Ordering::Relaxed);
     let kind = body["ResetType"].as_str().unwrap_or("").to_string();
     {
@@ -1268,7 +1282,8 @@ async fn main() -> Result<()> {
             .enumerate()
             .map(|(i, tx)| (format!("s{i}"), (i, tx.clone())))
             .collect(),
-        requests: AtomicU64::new(0),
+        requests: Default::default(),
+        at_t0: Mutex::default(),
         resets: AtomicU64::new(0),
     });
     // Sample the server while the storm runs.
@@ -1353,6 +1368,7 @@ async fn main() -> Result<()> {
         for (i, rx) in rxs.into_iter().enumerate() {
             tokio::spawn(sim.clone().node(i, rx));
         }
+        *bmc.at_t0.lock().unwrap() = bmc.counts();
         let t0 = Instant::now();
         *sim.t0.lock().unwrap() = Some(t0);
         *sim.cpu0.lock().unwrap() = Cpu::now(&args.server_pid);
@@ -1545,10 +1561,18 @@ async fn main() -> Result<()> {
             }
         }
         println!("pxed's node states after the storm: {states:?}");
+        let (now, t0) = (bmc.counts(), *bmc.at_t0.lock().unwrap());
+        let by_kind = |c: [u64; 5]| {
+            let v: Vec<String> = (0..5)
+                .map(|k| format!("{} {}", BMC_KINDS[k], c[k]))
+                .collect();
+            format!("{} ({})", c.iter().sum::<u64>(), v.join(", "))
+        };
         println!(
-            "BMC double: {} requests, {} resets",
-            bmc.requests.load(Ordering::Relaxed),
-            bmc.resets.load(Ordering::Relaxed)
+            "BMC double: {} resets; requests before t=0 {}, from t=0 {}",
+            bmc.resets.load(Ordering::Relaxed),
+            by_kind(t0),
+            by_kind(std::array::from_fn(|k| now[k] - t0[k]))
         );
     }
     if by_stage.is_empty() {

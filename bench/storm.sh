@@ -103,7 +103,7 @@ pxed_env() {
   # The import reads the files from the mirror directory; the installers' repo URL (in
   # the kickstart, which no simulated installer follows) must be http.
   echo PXED_API_TOKEN=storm-token PXED_MIRROR_BASE="${1:-http://10.77.0.1/mirror/}" \
-    PXED_IMAGES_DIR="$work/images" PXED_LOG=warn \
+    PXED_IMAGES_DIR="$work/images" PXED_LOG="${PXED_LOG:-warn}" \
     PXED_PACING__POWER_ON_WAVE_SIZE="${WAVE_SIZE:-250}" \
     PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS="${WAVE_INTERVAL:-2}" \
     PXED_PACING__MAX_FIRST_STAGE="${MAX_FIRST_STAGE:-64}" \

@@ -70,10 +70,12 @@ pub async fn apply(
     hooks: Hooks<'_>,
 ) -> Result<(Applied, Vec<Effect>), ApplyError> {
     let mut tx = store.begin_node_tx().await?;
-    let row = tx.node(id).await?.ok_or(ApplyError::NotFound(id))?;
-    let reported = tx.first_boot_reported(id, row.generation).await?;
+    let (row, reported, netboot) = tx
+        .lifecycle_node(id)
+        .await?
+        .ok_or(ApplyError::NotFound(id))?;
     let mut node = to_node(&row, reported);
-    node.netboot = tx.netboot(id, row.generation).await?;
+    node.netboot = netboot;
     if matches!(
         event,
         Event::ReinstallRequested { .. } | Event::NetbootNotObserved { .. }

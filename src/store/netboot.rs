@@ -4,6 +4,8 @@
 use super::nodes::{NodeTx, Tx, now};
 use super::{Db, Store, StoreError};
 use crate::lifecycle::transition::{Netboot, NetbootMethod};
+use crate::model::rows::NodeRow;
+use crate::model::{AgentToken, BootToken, NodeArch, State, Step};
 
 /// Parses the `tried` column (comma-separated method names; unknown names dropped).
 /// A stored progress row (method, tried, observed), or the default for none.
@@ -38,6 +40,72 @@ pub struct MethodRecord {
 }
 
 impl NodeTx {
+    /// The node as this transaction sees it, with what a lifecycle step decides by
+    /// beside it: whether its first boot of the current generation was reported, and
+    /// its netboot progress. One statement on SQLite (every statement is a round trip
+    /// to sqlx's worker thread, and every event a node goes through reads these).
+    pub async fn lifecycle_node(
+        &mut self,
+        id: i64,
+    ) -> Result<Option<(NodeRow, bool, Netboot)>, StoreError> {
+        let w = match &mut self.tx {
+            Tx::Lite(w) => w,
+            Tx::Pg(_) => {
+                let Some(row) = self.node(id).await? else {
+                    return Ok(None);
+                };
+                let reported = self.first_boot_reported(id, row.generation).await?;
+                let netboot = self.netboot(id, row.generation).await?;
+                return Ok(Some((row, reported, netboot)));
+            }
+        };
+        let Some(r) = sqlx::query!(
+            r#"SELECT n.id, n.name, n.hostname, n.arch AS "arch: NodeArch", n.state AS "state: State",
+                      n.state_since, n.version, n.generation, n.attempt, n.image,
+                      n.boot_token AS "boot_token: BootToken", n.agent_token AS "agent_token: AgentToken",
+                      n.boot_ip, n.failed_step AS "failed_step: Step", n.failed_reason, n.facts,
+                      n.created_at, n.site,
+                      EXISTS (SELECT 1 FROM node_events e WHERE e.node_id = n.id
+                              AND e.generation = n.generation
+                              AND e.event = 'first_boot_reported') AS "reported!: bool",
+                      p.method AS "p_method?", p.tried AS "p_tried?", p.observed AS "p_observed?"
+               FROM nodes n
+               LEFT JOIN netboot_progress p ON p.node_id = n.id AND p.generation = n.generation
+               WHERE n.id = ?"#,
+            id
+        )
+        .fetch_optional(&mut **w)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let netboot = match (r.p_method, r.p_tried, r.p_observed) {
+            (Some(m), Some(t), Some(o)) => Some((m, t, o != 0)),
+            _ => None,
+        };
+        let row = NodeRow {
+            id: r.id,
+            name: r.name,
+            hostname: r.hostname,
+            arch: r.arch,
+            state: r.state,
+            state_since: r.state_since,
+            version: r.version,
+            generation: r.generation,
+            attempt: r.attempt,
+            image: r.image,
+            boot_token: r.boot_token,
+            agent_token: r.agent_token,
+            boot_ip: r.boot_ip,
+            failed_step: r.failed_step,
+            failed_reason: r.failed_reason,
+            facts: r.facts,
+            created_at: r.created_at,
+            site: r.site,
+        };
+        Ok(Some((row, r.reported, progress(netboot))))
+    }
+
     /// Node `id`'s netboot progress for `generation` (the default when none is stored
     /// for that generation).
     pub async fn netboot(&mut self, id: i64, generation: i64) -> Result<Netboot, StoreError> {

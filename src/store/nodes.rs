@@ -1046,6 +1046,40 @@ mod tests {
             "first boot",
             &tx.first_boot_reported(id, n.generation).await.unwrap(),
         );
+        // The lifecycle read is the three reads in one, before and after a first boot
+        // and a netboot progress are recorded.
+        {
+            use crate::lifecycle::transition::{Netboot, NetbootMethod};
+            for _ in 0..2 {
+                let parts = (
+                    tx.node(id).await.unwrap(),
+                    tx.first_boot_reported(id, n.generation).await.unwrap(),
+                    tx.netboot(id, n.generation).await.unwrap(),
+                );
+                let (row, reported, netboot) = tx.lifecycle_node(id).await.unwrap().unwrap();
+                assert_eq!((Some(row), reported, netboot), parts);
+                tx.append_event(&Audit::new(
+                    id,
+                    n.generation,
+                    "first_boot_reported",
+                    State::Reclaiming,
+                    "op",
+                ))
+                .await
+                .unwrap();
+                let nb = Netboot {
+                    method: NetbootMethod::OffOn,
+                    tried: vec![NetbootMethod::Standard, NetbootMethod::OffOn],
+                    observed: true,
+                };
+                tx.put_netboot(id, n.generation, &nb).await.unwrap();
+            }
+            let (_, reported, netboot) = tx.lifecycle_node(id).await.unwrap().unwrap();
+            log("lifecycle", &(reported, &netboot));
+            assert!(reported);
+            assert_eq!(netboot.method, NetbootMethod::OffOn);
+            assert!(tx.lifecycle_node(999).await.unwrap().is_none());
+        }
         log("tx boot mac", &tx.boot_mac(id).await.unwrap());
         let exact = ["node-x".to_string(), "node-525400000001".into(), "y".into()];
         log(

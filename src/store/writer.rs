@@ -19,6 +19,13 @@
 //!
 //! (sqlx's nested `Transaction` would also give savepoints, but it borrows its parent
 //! and so cannot be held across the requests that share one batch.)
+//!
+//! Every statement is a round trip to sqlx's SQLite worker thread (two thread wake-ups),
+//! and under a boot storm those wake-ups, not SQLite, were most of the store's CPU. So
+//! the bookkeeping statements travel together: a batch opens with `BEGIN IMMEDIATE;
+//! SAVEPOINT w` in one round trip, and a write that leaves the batch open for a queued
+//! one releases its savepoint and opens the next one's (`RELEASE w; SAVEPOINT w`), which
+//! the next write then takes without a round trip of its own.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -56,6 +63,11 @@ struct Slot {
     jobs: usize,
     /// A savepoint is open that no one released: roll it back before the next write.
     dirty: bool,
+    /// An empty savepoint is open, opened by the last write for the next one.
+    spare: bool,
+    /// A batch was being opened when its caller went away: whether its `BEGIN` ran is
+    /// unknown, so the connection is replaced (the batch held no write yet).
+    opening: bool,
     closed: bool,
 }
 
@@ -107,27 +119,40 @@ impl Writer {
         let s = &mut *slot;
         let conn = s.conn.as_mut().expect("connected");
         if s.batch.is_none() {
-            if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-                // An error here leaves no transaction; a connection that is somehow
-                // inside one is closed rather than reused.
-                if conn.is_in_transaction() {
-                    s.conn = None;
-                }
+            s.opening = true;
+            let opened = sqlx::raw_sql("BEGIN IMMEDIATE; SAVEPOINT w")
+                .execute(&mut *conn)
+                .await;
+            s.opening = false;
+            if let Err(e) = opened {
+                // Whether the BEGIN ran is not known here (sqlx counts only its own
+                // transactions): a new connection for the next write; this one's
+                // transaction, if any, held nothing.
+                s.conn = None;
                 return Err(e.into());
             }
             s.batch = Some(watch::Sender::new(None));
             s.jobs = 0;
+            s.dirty = true;
+        } else if std::mem::take(&mut s.spare) {
+            s.dirty = true;
+        } else {
+            // Marked first: a caller cancelled while SAVEPOINT is in flight leaves it
+            // to the next write to undo.
+            s.dirty = true;
+            sqlx::query("SAVEPOINT w").execute(&mut *conn).await?;
         }
-        // Marked first: a caller cancelled while SAVEPOINT is in flight leaves it to
-        // the next write to undo.
-        s.dirty = true;
-        sqlx::query("SAVEPOINT w").execute(&mut *conn).await?;
         w.slot = Some(slot);
         Ok(w)
     }
 
     /// Rolls back a savepoint a dropped write left open.
     async fn tidy(&self, slot: &mut Slot) {
+        if std::mem::take(&mut slot.opening) {
+            slot.conn = None;
+            slot.dirty = false;
+            return;
+        }
         if !slot.dirty {
             return;
         }
@@ -135,11 +160,10 @@ impl Writer {
         let Some(conn) = slot.conn.as_mut() else {
             return;
         };
-        let undone = sqlx::query("ROLLBACK TO w").execute(&mut *conn).await;
-        let released = match undone {
-            Ok(_) => sqlx::query("RELEASE w").execute(&mut *conn).await.map(drop),
-            Err(e) => Err(e),
-        };
+        // The RELEASE runs only if the ROLLBACK TO did.
+        let released = sqlx::raw_sql("ROLLBACK TO w; RELEASE w")
+            .execute(&mut *conn)
+            .await;
         if let Err(e) = released {
             // No such savepoint: it was never opened or already released (a caller
             // cancelled mid-statement), or SQLite rolled the whole batch back itself
@@ -155,6 +179,8 @@ impl Writer {
             return Ok(());
         };
         let jobs = std::mem::take(&mut slot.jobs);
+        // COMMIT ends the spare savepoint with the rest.
+        slot.spare = false;
         let conn = slot.conn.as_mut().expect("a batch has a connection");
         let result = sqlx::query("COMMIT").execute(&mut *conn).await.map(drop);
         match &result {
@@ -243,12 +269,27 @@ impl Write {
     /// Releases the savepoint and returns once the batch holding it is committed.
     pub async fn commit(mut self) -> Result<(), StoreError> {
         let mut slot = self.slot.take().expect("a begun write holds the slot");
+        // Another write queued behind this one, in this batch: open its savepoint with
+        // this RELEASE (one round trip).
+        let next = self.writer.pending.load(Ordering::SeqCst) > 1 && slot.jobs + 1 < MAX_BATCH;
         let conn = slot.conn.as_mut().expect("a begun write has a connection");
-        if let Err(e) = sqlx::query("RELEASE w").execute(&mut *conn).await {
+        let sql = if next {
+            "RELEASE w; SAVEPOINT w"
+        } else {
+            "RELEASE w"
+        };
+        if let Err(e) = sqlx::raw_sql(sql).execute(&mut *conn).await {
+            if next {
+                // Whether the RELEASE ran (this write is in the batch) is not known:
+                // the batch fails as a whole, so that none of it happened.
+                self.fail_batch(&mut slot, &e);
+                return Err(e.into());
+            }
             self.slot = Some(slot);
             return Err(e.into());
         }
         slot.dirty = false;
+        slot.spare = next;
         slot.jobs += 1;
         self.counted = false;
         let held = self.turn.take();
@@ -283,6 +324,22 @@ impl Write {
             // The sender is dropped only after it sent.
             Err(_) => Err(StoreError::Db(sqlx::Error::WorkerCrashed)),
         }
+    }
+}
+
+impl Write {
+    /// Ends the batch without committing it: its connection is closed (which rolls it
+    /// back) and its waiting writes are told why.
+    fn fail_batch(&mut self, slot: &mut Slot, e: &sqlx::Error) {
+        tracing::warn!(error = %e, writes = slot.jobs, "store write failed between savepoints; rolling its batch back");
+        if let Some(batch) = slot.batch.take() {
+            batch.send_replace(Some(Err(e.to_string())));
+        }
+        slot.jobs = 0;
+        slot.dirty = false;
+        slot.spare = false;
+        slot.conn = None;
+        self.writer.health.recycled.fetch_add(1, Ordering::Relaxed);
     }
 }
 
