@@ -26,6 +26,9 @@
 #        MAX_FIRST_STAGE=64 MAX_STREAMS=128  pxed's transfer slots ([pacing])
 #        FLOOR_STREAMS=64 FLOOR_PAIRS=200    the floor measurement
 #        NEIGH=1                             raise the server netns' ARP table limits
+#        PXED_LOG=warn                       pxed's log filter (e.g. "warn,sqlx::query=debug"
+#                                            logs every statement; the log is copied to
+#                                            /tmp/storm-pxed-N-MODE.log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES=("$@")

@@ -134,6 +134,51 @@ struct Lookups {
 }
 
 impl Lookups {
+    /// Looks up every node id and MAC of a batch at once (a node shows up in a batch
+    /// every half second of its reinstall: one query per node each time was most of
+    /// the store's reads in a boot storm). What is not found is remembered as such;
+    /// after an error the lookups below go one by one.
+    async fn prefetch(&mut self, st: &AppState, batch: &[Sighting]) {
+        let mut ids = BTreeSet::new();
+        let mut macs = BTreeSet::new();
+        for s in batch {
+            match s.who {
+                Who::Node(id) => {
+                    ids.insert(id);
+                }
+                Who::Mac(mac) => {
+                    macs.insert(mac);
+                }
+                Who::Ip(_) => {}
+            }
+        }
+        if !ids.is_empty() {
+            let ids: Vec<i64> = ids.into_iter().collect();
+            match st.store.nodes_by_ids(&ids).await {
+                Ok(rows) => {
+                    self.by_id.extend(ids.iter().map(|&id| (id, None)));
+                    self.by_id.extend(rows.into_iter().map(|n| (n.id, Some(n))));
+                }
+                Err(e) => {
+                    tracing::warn!(nodes = ids.len(), error = %e, "looking up nodes for their stages")
+                }
+            }
+        }
+        if !macs.is_empty() {
+            let macs: Vec<Mac> = macs.into_iter().collect();
+            match st.store.nodes_by_macs(&macs).await {
+                Ok(rows) => {
+                    self.by_mac.extend(macs.iter().map(|&m| (m, None)));
+                    self.by_mac
+                        .extend(rows.into_iter().map(|(m, n)| (m, Some(n))));
+                }
+                Err(e) => {
+                    tracing::warn!(macs = macs.len(), error = %e, "looking up MACs for their stages")
+                }
+            }
+        }
+    }
+
     async fn node(&mut self, st: &AppState, id: i64) -> Option<NodeRow> {
         if let Some(n) = self.by_id.get(&id) {
             return n.clone();
@@ -202,6 +247,7 @@ async fn flush(
     }
     let stats = &st.stages.stats;
     let mut lookups = Lookups::default();
+    lookups.prefetch(st, &batch).await;
     let mut writes = Vec::new();
     // Failure kinds by node generation, for the failure counter.
     let mut kinds: HashMap<(i64, i64), &'static str> = HashMap::new();

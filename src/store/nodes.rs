@@ -148,6 +148,57 @@ impl Store {
         .await?)
     }
 
+    /// The nodes among `ids` that exist (one statement on SQLite, for a batch of
+    /// sightings: see `stages::recorder`).
+    pub async fn nodes_by_ids(&self, ids: &[i64]) -> Result<Vec<NodeRow>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let mut out = Vec::with_capacity(ids.len());
+            for &id in ids {
+                out.extend(pg.node(id).await?);
+            }
+            return Ok(out);
+        }
+        let list = serde_json::json!(ids).to_string();
+        Ok(sqlx::query_as!(
+            NodeRow,
+            r#"SELECT id, name, hostname, arch AS "arch: _", state AS "state: _", state_since, version, generation, attempt, image, boot_token AS "boot_token: _", agent_token AS "agent_token: _", boot_ip, failed_step AS "failed_step: _", failed_reason, facts, created_at, site FROM nodes WHERE id IN (SELECT value FROM json_each(?))"#,
+            list
+        )
+        .fetch_all(self.pool()?)
+        .await?)
+    }
+
+    /// The nodes owning any of `macs`, with the MAC each was found by (two statements
+    /// on SQLite, whatever the number of MACs).
+    pub async fn nodes_by_macs(&self, macs: &[Mac]) -> Result<Vec<(Mac, NodeRow)>, StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let mut out = Vec::with_capacity(macs.len());
+            for &mac in macs {
+                out.extend(pg.node_by_mac(mac).await?.map(|n| (mac, n)));
+            }
+            return Ok(out);
+        }
+        let list = serde_json::json!(macs).to_string();
+        let owners = sqlx::query!(
+            r#"SELECT mac AS "mac: Mac", node_id FROM interfaces
+               WHERE mac IN (SELECT value FROM json_each(?))"#,
+            list
+        )
+        .fetch_all(self.pool()?)
+        .await?;
+        let ids: Vec<i64> = owners.iter().map(|o| o.node_id).collect();
+        let nodes: std::collections::HashMap<i64, NodeRow> = self
+            .nodes_by_ids(&ids)
+            .await?
+            .into_iter()
+            .map(|n| (n.id, n))
+            .collect();
+        Ok(owners
+            .into_iter()
+            .filter_map(|o| Some((o.mac, nodes.get(&o.node_id)?.clone())))
+            .collect())
+    }
+
     /// The node whose current boot token or agent token is `token` (the caller tells
     /// which by comparing; both are unique and random, so at most one node matches).
     pub async fn node_by_credential(&self, token: &str) -> Result<Option<NodeRow>, StoreError> {
@@ -1007,6 +1058,31 @@ mod tests {
             "by mac",
             &s.node_by_mac(mac(3)).await.unwrap().map(|n| n.id),
         );
+        // The batch lookups answer what the single ones do, and leave out the unknown.
+        let mut by_ids = s.nodes_by_ids(&[other, id, 999]).await.unwrap();
+        by_ids.sort_by_key(|n| n.id);
+        let mut singles = vec![
+            s.node(id).await.unwrap().unwrap(),
+            s.node(other).await.unwrap().unwrap(),
+        ];
+        singles.sort_by_key(|n| n.id);
+        assert_eq!(by_ids, singles);
+        let mut by_macs = s
+            .nodes_by_macs(&[mac(1), mac(2), mac(3), mac(77)])
+            .await
+            .unwrap();
+        by_macs.sort_by_key(|(m, _)| *m);
+        log(
+            "by macs",
+            &by_macs
+                .iter()
+                .map(|(m, n)| (m.to_string(), n.id))
+                .collect::<Vec<_>>(),
+        );
+        for (m, n) in &by_macs {
+            assert_eq!(Some(n), s.node_by_mac(*m).await.unwrap().as_ref());
+        }
+        assert_eq!(by_macs.len(), 3);
         log("macs", &s.macs(id).await.unwrap());
         log("boot mac", &s.boot_mac(id).await.unwrap());
         log("bmc", &s.bmc(id).await.unwrap());

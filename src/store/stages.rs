@@ -23,34 +23,61 @@ impl Store {
         if let Db::Postgres(pg) = &self.db {
             return Ok(pg.record_stages(writes, i64::from(keep)).await?);
         }
+        // Two statements for the whole batch (rows as JSON through `json_each`), not
+        // two per stage: every statement is a round trip to sqlx's SQLite thread, and
+        // the writer is shared with every lifecycle step.
+        let rows: Vec<_> = writes
+            .iter()
+            .map(|w| {
+                serde_json::json!({
+                    "node_id": w.node_id, "generation": w.generation, "stage": w.stage.as_str(),
+                    "at": w.at, "bytes": w.bytes, "took_ms": w.took_ms, "detail": w.detail,
+                })
+            })
+            .collect();
+        let rows = serde_json::Value::from(rows).to_string();
         let mut tx = self.write().await?;
+        // In the batch's order (`key` is the array index): of two writes of one stage,
+        // the first is kept, as a stage keeps its first time. `WHERE` skips a node
+        // deleted meanwhile; RETURNING names the rows inserted, not those ignored.
+        let inserted = sqlx::query!(
+            r#"INSERT OR IGNORE INTO node_stages (node_id, generation, stage, at, bytes, took_ms, detail)
+               SELECT value ->> '$.node_id', value ->> '$.generation', value ->> '$.stage',
+                      value ->> '$.at', value ->> '$.bytes', value ->> '$.took_ms',
+                      value ->> '$.detail'
+               FROM json_each(?1)
+               WHERE EXISTS (SELECT 1 FROM nodes WHERE id = value ->> '$.node_id')
+               ORDER BY key
+               RETURNING node_id AS "node_id!: i64", generation AS "generation!: i64",
+                         stage AS "stage!: String""#,
+            rows
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut fresh: std::collections::HashSet<(i64, i64, String)> = inserted
+            .into_iter()
+            .map(|r| (r.node_id, r.generation, r.stage))
+            .collect();
         let mut touched = std::collections::BTreeMap::new();
         for w in writes {
-            let done = sqlx::query!(
-                r#"INSERT OR IGNORE INTO node_stages (node_id, generation, stage, at, bytes, took_ms, detail)
-                   SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM nodes WHERE id = ?)"#,
-                w.node_id,
-                w.generation,
-                w.stage,
-                w.at,
-                w.bytes,
-                w.took_ms,
-                w.detail,
-                w.node_id
-            )
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() > 0 {
+            if fresh.remove(&(w.node_id, w.generation, w.stage.as_str().to_string())) {
                 new.push(w.clone());
                 let g = touched.entry(w.node_id).or_insert(w.generation);
                 *g = (*g).max(w.generation);
             }
         }
-        for (node, newest) in touched {
-            let oldest = newest - i64::from(keep) + 1;
+        if !touched.is_empty() {
+            let keep = i64::from(keep);
+            let oldest: Vec<(i64, i64)> = touched
+                .into_iter()
+                .map(|(node, newest)| (node, newest - keep + 1))
+                .collect();
+            let oldest = serde_json::to_string(&oldest).expect("integers serialize");
             sqlx::query!(
-                "DELETE FROM node_stages WHERE node_id = ? AND generation < ?",
-                node,
+                r#"DELETE FROM node_stages
+                   WHERE node_id IN (SELECT value ->> 0 FROM json_each(?1))
+                     AND generation < (SELECT value ->> 1 FROM json_each(?1)
+                                       WHERE value ->> 0 = node_stages.node_id)"#,
                 oldest
             )
             .execute(&mut *tx)
@@ -267,6 +294,38 @@ mod tests {
             .collect();
         assert_eq!(gens, vec![3, 4, 5]);
         assert_eq!(store.generation_stages(id, 5).await.unwrap().len(), 1);
+        // One batch over two nodes bounds each by its own newest generation.
+        let id2 = store
+            .create_node(
+                &NewNode {
+                    macs: vec![Mac([0x52, 0x54, 0, 0, 0, 10])],
+                    ..n.clone()
+                },
+                "test",
+            )
+            .await
+            .unwrap();
+        for g in 1..=2 {
+            store
+                .record_stages(&[w(id2, g, Stage::Reinstall, a)], 3)
+                .await
+                .unwrap();
+        }
+        let new = store
+            .record_stages(
+                &[
+                    w(id, 6, Stage::Reinstall, b),
+                    w(id2, 4, Stage::Reinstall, b),
+                    w(id2, 4, Stage::Power, b),
+                ],
+                2,
+            )
+            .await
+            .unwrap();
+        assert_eq!(new.len(), 3);
+        let gens = |rows: Vec<StageRow>| rows.iter().map(|r| r.generation).collect::<Vec<_>>();
+        assert_eq!(gens(store.stages(id).await.unwrap()), vec![5, 6]);
+        assert_eq!(gens(store.stages(id2).await.unwrap()), vec![4, 4]);
         assert!(store.delete_node(id, "test").await.unwrap());
         assert!(store.stages(id).await.unwrap().is_empty());
     }
