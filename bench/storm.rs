@@ -32,7 +32,9 @@
 //!
 //! The report: per-stage p50/p95/p99/max, failures by stage, retries, the server's CPU
 //! and RSS over time, and the byte-transfer floor: the bytes of the storm divided by
-//! the server's HTTP rate for the same files, measured after the storm in the same run.
+//! the server's HTTP rate for the same files, measured before and after the storm in the
+//! same run (the faster of the two: after the larger storms the rate measured came out
+//! lower, which would have flattered the ratio).
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, Ordering};
