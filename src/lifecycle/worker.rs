@@ -138,9 +138,10 @@ pub struct StoreBmcs {
 impl StoreBmcs {
     /// The endpoint of node `id` (with its secret: never log it as text).
     pub async fn endpoint(&self, store: &Store, id: i64) -> Result<BmcEndpoint, ConnectError> {
-        let row = store.bmc(id).await?.ok_or(ConnectError::NoBmc)?;
-        let password = store.bmc_secret(id).await?.unwrap_or_default();
-        let boot_mac = store.boot_mac(id).await?.map(|m| m.to_string());
+        let (row, password, boot_mac) =
+            store.bmc_connection(id).await?.ok_or(ConnectError::NoBmc)?;
+        let password = password.unwrap_or_default();
+        let boot_mac = boot_mac.map(|m| m.to_string());
         Ok(BmcEndpoint {
             driver: row.driver,
             address: row.address,

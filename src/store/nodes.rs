@@ -4,7 +4,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::SqliteConnection;
 
 use super::{Db, Store, StoreError};
-use crate::model::{Arch, Mac, NodeArch, State};
+use crate::model::{Arch, Driver, Mac, NodeArch, State};
 
 /// One row of the append-only audit log: the API's view of it, field for field.
 pub type EventRow = crate::wire::EventView;
@@ -331,6 +331,48 @@ impl Store {
                 .fetch_optional(self.pool()?)
                 .await?,
         )
+    }
+
+    /// What connecting to a node's BMC takes: its endpoint, its password (opened with
+    /// the secret key) and its boot MAC, in one statement on SQLite (the BMC worker
+    /// reads them at every step of every reinstall). Only the BMC worker calls this.
+    pub async fn bmc_connection(
+        &self,
+        node_id: i64,
+    ) -> Result<Option<(BmcRow, Option<String>, Option<Mac>)>, StoreError> {
+        if let Db::Postgres(_) = &self.db {
+            let Some(row) = self.bmc(node_id).await? else {
+                return Ok(None);
+            };
+            let password = self.bmc_secret(node_id).await?;
+            return Ok(Some((row, password, self.boot_mac(node_id).await?)));
+        }
+        let Some(r) = sqlx::query!(
+            r#"SELECT b.node_id, b.driver AS "driver: Driver", b.address, b.username, b.system_id,
+                      b.tls_pin, b.tls_insecure AS "tls_insecure: bool",
+                      s.password AS "password?",
+                      (SELECT mac FROM interfaces WHERE node_id = b.node_id
+                       ORDER BY is_boot DESC, mac LIMIT 1) AS "boot_mac?: Mac"
+               FROM bmcs b LEFT JOIN bmc_secrets s ON s.node_id = b.node_id
+               WHERE b.node_id = ?"#,
+            node_id
+        )
+        .fetch_optional(self.pool()?)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let password = r.password.map(|p| self.key.open(node_id, &p)).transpose()?;
+        let row = BmcRow {
+            node_id: r.node_id,
+            driver: r.driver,
+            address: r.address,
+            username: r.username,
+            system_id: r.system_id,
+            tls_pin: r.tls_pin,
+            tls_insecure: r.tls_insecure,
+        };
+        Ok(Some((row, password, r.boot_mac)))
     }
 
     /// The BMC password of a node, opened with the secret key. Only the BMC worker
@@ -1087,6 +1129,16 @@ mod tests {
         log("boot mac", &s.boot_mac(id).await.unwrap());
         log("bmc", &s.bmc(id).await.unwrap());
         log("secret", &s.bmc_secret(id).await.unwrap());
+        // The BMC worker's one read is the three reads in one.
+        assert_eq!(
+            s.bmc_connection(id).await.unwrap(),
+            Some((
+                s.bmc(id).await.unwrap().unwrap(),
+                s.bmc_secret(id).await.unwrap(),
+                s.boot_mac(id).await.unwrap()
+            ))
+        );
+        assert_eq!(s.bmc_connection(other).await.unwrap(), None);
         s.pin_bmc_cert(id, "sha256:ab").await.unwrap();
         log("pinned", &s.bmc(id).await.unwrap().map(|b| b.tls_pin));
         log("keys", &s.node_ssh_keys(id).await.unwrap());
