@@ -49,18 +49,18 @@ impl Store {
                WHERE EXISTS (SELECT 1 FROM nodes WHERE id = value ->> '$.node_id')
                ORDER BY key
                RETURNING node_id AS "node_id!: i64", generation AS "generation!: i64",
-                         stage AS "stage!: String""#,
+                         stage AS "stage!: Stage""#,
             rows
         )
         .fetch_all(&mut *tx)
         .await?;
-        let mut fresh: std::collections::HashSet<(i64, i64, String)> = inserted
+        let mut fresh: std::collections::HashSet<(i64, i64, Stage)> = inserted
             .into_iter()
             .map(|r| (r.node_id, r.generation, r.stage))
             .collect();
         let mut touched = std::collections::BTreeMap::new();
         for w in writes {
-            if fresh.remove(&(w.node_id, w.generation, w.stage.as_str().to_string())) {
+            if fresh.remove(&(w.node_id, w.generation, w.stage)) {
                 new.push(w.clone());
                 let g = touched.entry(w.node_id).or_insert(w.generation);
                 *g = (*g).max(w.generation);

@@ -266,6 +266,20 @@ impl std::fmt::Debug for Write {
 }
 
 impl Write {
+    /// Ends the batch without committing it: its connection is closed (which rolls it
+    /// back) and its waiting writes are told why.
+    fn fail_batch(&mut self, slot: &mut Slot, e: &sqlx::Error) {
+        tracing::warn!(error = %e, writes = slot.jobs, "store write failed between savepoints; rolling its batch back");
+        if let Some(batch) = slot.batch.take() {
+            batch.send_replace(Some(Err(e.to_string())));
+        }
+        slot.jobs = 0;
+        slot.dirty = false;
+        slot.spare = false;
+        slot.conn = None;
+        self.writer.health.recycled.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Releases the savepoint and returns once the batch holding it is committed.
     pub async fn commit(mut self) -> Result<(), StoreError> {
         let mut slot = self.slot.take().expect("a begun write holds the slot");
@@ -324,22 +338,6 @@ impl Write {
             // The sender is dropped only after it sent.
             Err(_) => Err(StoreError::Db(sqlx::Error::WorkerCrashed)),
         }
-    }
-}
-
-impl Write {
-    /// Ends the batch without committing it: its connection is closed (which rolls it
-    /// back) and its waiting writes are told why.
-    fn fail_batch(&mut self, slot: &mut Slot, e: &sqlx::Error) {
-        tracing::warn!(error = %e, writes = slot.jobs, "store write failed between savepoints; rolling its batch back");
-        if let Some(batch) = slot.batch.take() {
-            batch.send_replace(Some(Err(e.to_string())));
-        }
-        slot.jobs = 0;
-        slot.dirty = false;
-        slot.spare = false;
-        slot.conn = None;
-        self.writer.health.recycled.fetch_add(1, Ordering::Relaxed);
     }
 }
 
