@@ -77,6 +77,13 @@ struct Args {
     local: Ipv4Addr,
     #[arg(long, default_value_t = 8000)]
     bmc_port: u16,
+    /// Node i's BMC answers at this address + i (the client side routes the range to
+    /// itself): a fleet's BMCs each have their own address. Without it every BMC is
+    /// at `local`, and pxed's connections to thousands of BMCs share one destination
+    /// (each connect then searches the ephemeral ports past the TIME_WAIT sockets of
+    /// the ones before).
+    #[arg(long)]
+    bmc_net: Option<Ipv4Addr>,
     /// API bearer token (pxed mode).
     #[arg(long, default_value = "")]
     token: String,
@@ -113,6 +120,14 @@ struct Args {
     /// MAC prefix (the last three bytes are the node's number).
     #[arg(long, default_value = "52:54:01")]
     mac_prefix: String,
+}
+
+/// Node `i`'s BMC address (see `Args::bmc_net`).
+fn bmc_addr(a: &Args, i: usize) -> Ipv4Addr {
+    match a.bmc_net {
+        Some(net) => Ipv4Addr::from(u32::from(net) + u32::try_from(i).expect("node number")),
+        None => a.local,
+    }
 }
 
 /// A node's stages, in order; each records when it ended.
@@ -1364,12 +1379,20 @@ async fn main() -> Result<()> {
                 post(rf_reset),
             )
             .with_state(bmc.clone());
-        let l = tokio::net::TcpListener::bind((args.local, args.bmc_port)).await?;
+        let listen = if args.bmc_net.is_some() {
+            Ipv4Addr::UNSPECIFIED
+        } else {
+            args.local
+        };
+        let l = tokio::net::TcpListener::bind((listen, args.bmc_port)).await?;
         tokio::spawn(async move { axum::serve(l, app).await });
 
+        let bmc_at = |i| bmc_addr(&args, i);
         eprintln!(
-            "registering {n} nodes (BMC: Redfish double at {}:{})",
-            args.local, args.bmc_port
+            "registering {n} nodes (BMC: Redfish double at {}..={}:{})",
+            bmc_at(0),
+            bmc_at(n.saturating_sub(1)),
+            args.bmc_port
         );
         let ids: Arc<Mutex<Vec<i64>>> = Arc::new(Mutex::new(vec![0; n]));
         let t = Instant::now();
@@ -1389,7 +1412,7 @@ async fn main() -> Result<()> {
                             json!({"name": format!("s{i}"), "arch": "x86_64", "macs": [mac],
                             "labels": {"rack": format!("r{}", i / 40)},
                             "bmc": {"driver": "redfish",
-                                    "address": format!("http://{}:{}", a.local, a.bmc_port),
+                                    "address": format!("http://{}:{}", bmc_addr(&a, i), a.bmc_port),
                                     "username": "admin", "password": "storm-bmc-pw",
                                     "system_id": format!("s{i}")}}),
                         ),

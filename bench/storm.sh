@@ -25,6 +25,8 @@
 #        WAVE_SIZE=250 WAVE_INTERVAL=2       pxed's power-on waves ([pacing])
 #        MAX_FIRST_STAGE=64 MAX_STREAMS=128  pxed's transfer slots ([pacing])
 #        FLOOR_STREAMS=64 FLOOR_PAIRS=200    the floor measurement
+#        BMC_NET=10.77.64.0                  node i's BMC at this address + i; empty: every
+#                                            BMC at the client's one address
 #        NEIGH=1                             raise the server netns' ARP table limits
 #        PXED_LOG=warn                       pxed's log filter (e.g. "warn,sqlx::query=debug"
 #                                            logs every statement; the log is copied to
@@ -33,7 +35,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES=("$@")
 [ ${#NODES[@]} -gt 0 ] || NODES=(1000)
+for n in "${NODES[@]}"; do
+  if ! [ "$n" -ge 1 ] 2>/dev/null || [ "$n" -gt 16384 ]; then
+    echo "nodes: 1..16384 (BMCs at 10.77.64.0/18), not $n" >&2; exit 1
+  fi
+done
 SERVERS=${SERVERS:-pxed}
+BMC_NET=${BMC_NET-10.77.64.0}
 KERNEL_MB=${KERNEL_MB:-10} INITRD_MB=${INITRD_MB:-60}
 for tool in ip dnsmasq nginx python3; do
   command -v "$tool" >/dev/null || case " $SERVERS " in
@@ -68,6 +76,8 @@ pair() {
   ip -n "$S" addr add 10.77.0.1/16 dev s0; ip -n "$S" link set s0 up; ip -n "$S" link set lo up
   ip -n "$C" addr add 10.77.0.2/16 dev c0; ip -n "$C" link set c0 up; ip -n "$C" link set lo up
   ip -n "$C" route add local 10.77.128.0/17 dev lo
+  # Node i's BMC (the simulator's Redfish double) answers at 10.77.64.0 + i.
+  ip -n "$C" route add local 10.77.64.0/18 dev lo
   if [ "${NEIGH:-1}" = 1 ]; then
     # The server answers every node by unicast: one ARP entry per node. Linux's
     # defaults (gc_thresh3 = 1024) overflow past ~1,000 nodes on one L2 segment.
@@ -135,7 +145,7 @@ run_pxed() {
   [ "$mode" = pxed-boot ] && sim_mode=boot
   echo "== $mode: $n nodes" >&2
   ip netns exec "$C" "$SIM" --mode "$sim_mode" --nodes "$n" --server 10.77.0.1 --local 10.77.0.2 \
-    --token storm-token --server-pid "$pid" --floor-streams "${FLOOR_STREAMS:-64}" \
+    ${BMC_NET:+--bmc-net "$BMC_NET"} --token storm-token --server-pid "$pid" --floor-streams "${FLOOR_STREAMS:-64}" \
     --floor-pairs "${FLOOR_PAIRS:-200}" --api-parallel "${API_PARALLEL:-64}" | sed "s/^RESULT /RESULT server=$mode /"
   if [ "$sim_mode" = pxed ]; then
     grep -E '^pxed_(power_on|dhcp_offers_held|first_stage|streams|http_sendfile|tftp|store_commits|store_writes|store_write|http_connections)[a-z_]* ' \

@@ -84,6 +84,7 @@ impl AppState {
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
         lifecycle.set_waves(crate::lifecycle::pacing::Waves::from_config(&cfg.pacing));
         lifecycle.set_owner_ttl(cfg.lifecycle.owner_ttl);
+        lifecycle.set_queue_webhooks(!cfg.webhooks.targets.is_empty());
         let pacing_stats: Arc<dyn Render> = lifecycle.pacing.clone();
         let store_health: Arc<dyn Render> = store.health();
         let discovery = cfg.discovery;

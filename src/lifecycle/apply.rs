@@ -139,7 +139,7 @@ pub async fn apply(
     })
     .await?;
     // Schedulers hear of every change of state, queued with the change itself.
-    let queued = new.state != row.state;
+    let queued = hooks.webhook && new.state != row.state;
     if queued {
         let macs = tx.macs(id).await?;
         let reason = match new.state {
@@ -181,8 +181,11 @@ pub async fn apply(
 pub type Answer = dyn Fn(&NodeRow, &Outcome) -> String + Send + Sync;
 
 /// Optional extras for [`apply`].
-#[derive(Default, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Hooks<'a> {
+    /// Queue a change of state in the webhook outbox (on unless the daemon has no
+    /// webhook URL; [`crate::lifecycle::worker::Lifecycle`] sets it).
+    pub webhook: bool,
     /// Give the node a hostname (this prefix + boot-NIC MAC digits) if it has none.
     pub hostname_prefix: Option<&'a str>,
     /// Record the answer under this idempotency key in the same transaction.
@@ -191,6 +194,18 @@ pub struct Hooks<'a> {
     /// Bind the boot token to this address (the installer is being served to it);
     /// written only if the event changes the node.
     pub boot_ip: Option<std::net::IpAddr>,
+}
+
+impl Default for Hooks<'_> {
+    fn default() -> Self {
+        Hooks {
+            webhook: true,
+            hostname_prefix: None,
+            idempotency_key: None,
+            answer: None,
+            boot_ip: None,
+        }
+    }
 }
 
 /// Gives a node its hostname if it has none: prefix + the boot NIC's last MAC digits,

@@ -224,6 +224,8 @@ pub struct Lifecycle {
     owner_ttl: std::sync::RwLock<Duration>,
     /// Nodes taken over from an instance that died (`/metrics`).
     pub taken_over: crate::metrics::Counter,
+    /// Queue each change of state for webhooks (see [`Lifecycle::set_queue_webhooks`]).
+    queue_webhooks: std::sync::atomic::AtomicBool,
 }
 
 /// A power-on slot the pacer gave a power cycle.
@@ -303,12 +305,21 @@ impl Lifecycle {
             ),
             owner_ttl: std::sync::RwLock::new(Duration::from_secs(10)),
             taken_over: Default::default(),
+            queue_webhooks: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
     /// Sets how long this instance's claims on nodes last without renewal.
     pub fn set_owner_ttl(&self, ttl: Duration) {
         *self.owner_ttl.write().expect("lock") = ttl;
+    }
+
+    /// Whether changes of state are queued in the webhook outbox (on by default). Off
+    /// when no URL is configured: the outbox would only be emptied again, and a URL
+    /// added later (a restart) starts with the changes after it anyway.
+    pub fn set_queue_webhooks(&self, on: bool) {
+        self.queue_webhooks
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn owner_ttl(&self) -> Duration {
@@ -481,6 +492,12 @@ impl Lifecycle {
         actor: &str,
         hooks: Hooks<'_>,
     ) -> Result<Applied, ApplyError> {
+        let hooks = Hooks {
+            webhook: self
+                .queue_webhooks
+                .load(std::sync::atomic::Ordering::Relaxed),
+            ..hooks
+        };
         let (applied, effects) =
             apply::apply(&self.store, &self.policy(), id, event, actor, hooks).await?;
         if let Outcome::Changed(t) = &applied.outcome {
@@ -1238,6 +1255,54 @@ impl Lifecycle {
 mod tests {
     use super::*;
     use crate::bmc::Driver;
+    use crate::model::{Mac, NodeArch};
+    use crate::store::nodes::NewNode;
+
+    /// A daemon with no webhook URL queues nothing (the outbox would only be emptied
+    /// again); with one, every change of state is queued in its transaction.
+    #[tokio::test]
+    async fn changes_are_queued_for_webhooks_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let cfg =
+            crate::config::load(None, Vec::<(String, String)>::new(), &Default::default()).unwrap();
+        let lc = Lifecycle::new(
+            store.clone(),
+            Policy::from_config(&cfg.lifecycle),
+            Arc::new(StoreBmcs::default()),
+            CancellationToken::new(),
+        );
+        let id = store
+            .create_node(
+                &NewNode {
+                    name: Some("r1u1".into()),
+                    arch: NodeArch::UNKNOWN,
+                    state: State::Available,
+                    macs: vec![Mac([0x52, 0x54, 0, 0, 0, 1])],
+                    boot_mac: None,
+                    bmc: None,
+                    ssh_authorized_keys: vec![],
+                },
+                "test",
+            )
+            .await
+            .unwrap();
+
+        lc.set_queue_webhooks(false);
+        let a = lc.apply(id, &Event::Allocated, "test").await.unwrap();
+        assert_eq!(a.node.state, State::Allocated);
+        assert_eq!(store.webhook_next(0).await.unwrap(), None);
+
+        lc.set_queue_webhooks(true);
+        let a = lc.apply(id, &Event::Released, "test").await.unwrap();
+        assert_eq!(a.node.state, State::Available);
+        let row = store.webhook_next(0).await.unwrap().expect("queued");
+        assert_eq!((row.node_id, row.to_state), (id, State::Available));
+        let body: serde_json::Value = serde_json::from_str(&row.body).unwrap();
+        assert_eq!(body["id"], row.id);
+        assert_eq!(body["node"]["macs"][0], "52:54:00:00:00:01");
+        assert_eq!(store.webhook_next(row.id).await.unwrap(), None);
+    }
 
     #[test]
     fn bmc_call_error_text_and_labels() {
