@@ -270,11 +270,8 @@ impl Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     use crate::config::DiscoverySettings;
-    use crate::lifecycle::transition::Policy;
-    use crate::lifecycle::worker::StoreBmcs;
 
     fn mac(i: u32) -> Mac {
         let b = i.to_be_bytes();
@@ -286,14 +283,7 @@ mod tests {
     async fn flood(settings: DiscoverySettings, n: u32) -> (Store, Discovery, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let cfg =
-            crate::config::load(None, Vec::<(String, String)>::new(), &Default::default()).unwrap();
-        let lifecycle = Lifecycle::new(
-            store.clone(),
-            Policy::from_config(&cfg.lifecycle),
-            Arc::new(StoreBmcs::default()),
-            tokio_util::sync::CancellationToken::new(),
-        );
+        let lifecycle = Lifecycle::for_tests(&store);
         let d = Discovery::new(settings);
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
         for i in (0..n).chain(0..n) {

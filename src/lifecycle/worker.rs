@@ -314,6 +314,19 @@ impl Lifecycle {
         *self.owner_ttl.write().expect("lock") = ttl;
     }
 
+    /// A service with the default configuration's policy and the store's BMCs.
+    #[cfg(test)]
+    pub(crate) fn for_tests(store: &Store) -> Arc<Self> {
+        let cfg = crate::config::load(None, Vec::<(String, String)>::new(), &Default::default())
+            .expect("default configuration");
+        Lifecycle::new(
+            store.clone(),
+            Policy::from_config(&cfg.lifecycle),
+            Arc::new(StoreBmcs::default()),
+            CancellationToken::new(),
+        )
+    }
+
     /// Whether changes of state are queued in the webhook outbox (on by default). Off
     /// when no URL is configured: the outbox would only be emptied again, and a URL
     /// added later (a restart) starts with the changes after it anyway.
@@ -1264,14 +1277,7 @@ mod tests {
     async fn changes_are_queued_for_webhooks_only_when_asked() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let cfg =
-            crate::config::load(None, Vec::<(String, String)>::new(), &Default::default()).unwrap();
-        let lc = Lifecycle::new(
-            store.clone(),
-            Policy::from_config(&cfg.lifecycle),
-            Arc::new(StoreBmcs::default()),
-            CancellationToken::new(),
-        );
+        let lc = Lifecycle::for_tests(&store);
         let id = store
             .create_node(
                 &NewNode {
