@@ -25,8 +25,9 @@
 #        WAVE_SIZE=250 WAVE_INTERVAL=2       pxed's power-on waves ([pacing])
 #        MAX_FIRST_STAGE=64 MAX_STREAMS=128  pxed's transfer slots ([pacing])
 #        FLOOR_STREAMS=64 FLOOR_PAIRS=200    the floor measurement
-#        BMC_NET=10.77.64.0                  node i's BMC at this address + i; empty: every
-#                                            BMC at the client's one address
+#        BMC_NET=10.77.64.0                  node i's BMC at this address + i (inside
+#                                            10.77.64.0/18, which the client side routes to
+#                                            itself); empty: every BMC at the client's one address
 #        NEIGH=1                             raise the server netns' ARP table limits
 #        PXED_LOG=warn                       pxed's log filter (e.g. "warn,sqlx::query=debug"
 #                                            logs every statement; the log is copied to

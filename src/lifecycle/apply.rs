@@ -60,7 +60,8 @@ pub fn to_node(row: &NodeRow, first_boot_reported: bool) -> Node {
 ///
 /// `prepare` may adjust the row inside the transaction before the write (e.g. assign a
 /// hostname on reinstall) and `idempotency` records the answer under a key in the same
-/// transaction.
+/// transaction. `webhook`: queue a change of state in the webhook outbox (off when
+/// the daemon has no webhook URL).
 pub async fn apply(
     store: &Store,
     policy: &Policy,
@@ -68,6 +69,7 @@ pub async fn apply(
     event: &Event,
     actor: &str,
     hooks: Hooks<'_>,
+    webhook: bool,
 ) -> Result<(Applied, Vec<Effect>), ApplyError> {
     let mut tx = store.begin_node_tx().await?;
     let (row, reported, netboot) = tx
@@ -139,7 +141,7 @@ pub async fn apply(
     })
     .await?;
     // Schedulers hear of every change of state, queued with the change itself.
-    let queued = hooks.webhook && new.state != row.state;
+    let queued = webhook && new.state != row.state;
     if queued {
         let macs = tx.macs(id).await?;
         let reason = match new.state {
@@ -181,11 +183,8 @@ pub async fn apply(
 pub type Answer = dyn Fn(&NodeRow, &Outcome) -> String + Send + Sync;
 
 /// Optional extras for [`apply`].
-#[derive(Clone, Copy)]
+#[derive(Default, Clone, Copy)]
 pub struct Hooks<'a> {
-    /// Queue a change of state in the webhook outbox (on unless the daemon has no
-    /// webhook URL; [`crate::lifecycle::worker::Lifecycle`] sets it).
-    pub webhook: bool,
     /// Give the node a hostname (this prefix + boot-NIC MAC digits) if it has none.
     pub hostname_prefix: Option<&'a str>,
     /// Record the answer under this idempotency key in the same transaction.
@@ -194,18 +193,6 @@ pub struct Hooks<'a> {
     /// Bind the boot token to this address (the installer is being served to it);
     /// written only if the event changes the node.
     pub boot_ip: Option<std::net::IpAddr>,
-}
-
-impl Default for Hooks<'_> {
-    fn default() -> Self {
-        Hooks {
-            webhook: true,
-            hostname_prefix: None,
-            idempotency_key: None,
-            answer: None,
-            boot_ip: None,
-        }
-    }
 }
 
 /// Gives a node its hostname if it has none: prefix + the boot NIC's last MAC digits,

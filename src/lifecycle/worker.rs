@@ -505,14 +505,19 @@ impl Lifecycle {
         actor: &str,
         hooks: Hooks<'_>,
     ) -> Result<Applied, ApplyError> {
-        let hooks = Hooks {
-            webhook: self
-                .queue_webhooks
-                .load(std::sync::atomic::Ordering::Relaxed),
-            ..hooks
-        };
-        let (applied, effects) =
-            apply::apply(&self.store, &self.policy(), id, event, actor, hooks).await?;
+        let webhook = self
+            .queue_webhooks
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let (applied, effects) = apply::apply(
+            &self.store,
+            &self.policy(),
+            id,
+            event,
+            actor,
+            hooks,
+            webhook,
+        )
+        .await?;
         if let Outcome::Changed(t) = &applied.outcome {
             self.own(id, applied.node.state).await;
             self.notify(id, event.name(), applied.node.state);
