@@ -58,10 +58,10 @@ pub fn to_node(row: &NodeRow, first_boot_reported: bool) -> Node {
 
 /// Applies `event` to node `id` in one transaction.
 ///
-/// `prepare` may adjust the row inside the transaction before the write (e.g. assign a
-/// hostname on reinstall) and `idempotency` records the answer under a key in the same
-/// transaction. `webhook`: queue a change of state in the webhook outbox (off when
-/// the daemon has no webhook URL).
+/// `hooks` may adjust the row inside the transaction before the write (assign a
+/// hostname, bind the boot address) and record the answer under an idempotency key in
+/// the same transaction. `webhook`: queue a change of state in the webhook outbox (off
+/// when the daemon has no webhook URL).
 pub async fn apply(
     store: &Store,
     policy: &Policy,
