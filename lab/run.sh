@@ -5,8 +5,8 @@
 #              [--firmware ovmf|seabios] [--installer]
 #
 # As root on a fresh Debian 12 machine, in this order:
-#   1. installs what it needs (.ci/install.sh), builds pxed (release), the Debian 12 disk
-#      image and the deploy ramdisk (cached under images/cache),
+#   1. installs what it needs (.ci/install.sh), builds pxed (release) and meanwhile the
+#      Debian 12 disk image, then the deploy ramdisk (both cached under images/cache),
 #   2. creates netns `pxlab` with bridge br0 10.98.0.1/24 and one tap per VM,
 #   3. starts pxed there (full DHCP on br0, TFTP, HTTP on 10.98.0.1:80), sushy-tools' fake
 #      Redfish BMC and lab/controller.py (which turns each Redfish power change into
@@ -84,7 +84,7 @@ CACHE=${PXED_IMAGE_CACHE:-$here/images/cache}
 W=$(mktemp -d /tmp/pxlab.XXXXXX)
 TOKEN=lab-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 T0=$(date +%s)
-PXED_PID='' CTL_PID='' MIRROR_PID='' PROXY_PID='' PXED_B_PID='' PG_DIR=''
+PXED_PID='' CTL_PID='' MIRROR_PID='' IMAGE_PID='' PROXY_PID='' PXED_B_PID='' PG_DIR=''
 # The failover fault's second instance; the API is asked through whichever is alive.
 SERVER_B=10.98.0.3 API_IP=$SERVER
 FAILED=0
@@ -99,6 +99,7 @@ cleanup() {
     say "kept: namespace $NS, work dir $W (pxed log $W/pxed.log); tear down with: lab/run.sh --teardown-only is not needed: kill $PXED_PID $CTL_PID; ip netns del $NS"
     return
   fi
+  [ -n "$IMAGE_PID" ] && pkill -TERM -P "$IMAGE_PID" 2>/dev/null; [ -n "$IMAGE_PID" ] && kill -TERM "$IMAGE_PID" 2>/dev/null && wait "$IMAGE_PID" 2>/dev/null
   [ -n "$CTL_PID" ] && kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
   [ -f "$W/lab.json" ] && python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1
   [ -n "$PXED_PID" ] && kill -TERM "$PXED_PID" 2>/dev/null && wait "$PXED_PID" 2>/dev/null
@@ -121,10 +122,15 @@ if [ -n "$INSTALL" ]; then
   say "installing tools (.ci/install.sh)"
   bash "$here/.ci/install.sh" > "$W/install.log" 2>&1 || { tail -20 "$W/install.log"; exit 1; }
 fi
-say "building pxed (release)"
+IMAGE=debian-12 MIRROR=$CACHE
+# The Debian image does not need pxed: it is built (or found current) while cargo builds.
+if [ -z "$INSTALLER" ]; then
+  bash "$here/images/build/debian-12.sh" --out "$CACHE" > "$W/image.log" 2>&1 &
+  IMAGE_PID=$!
+fi
+say "building pxed (release)${IMAGE_PID:+ and meanwhile the Debian 12 image}"
 (cd "$here" && cargo build --release --quiet)
 PXED=$here/target/release/pxed
-IMAGE=debian-12 MIRROR=$CACHE
 if [ -n "$INSTALLER" ]; then
   say "building or reusing the debian-installer mirror in $CACHE/di-mirror"
   bash "$here/lab/di-mirror.sh" --out "$CACHE/di-mirror" > "$W/mirror.log" 2>&1 || { tail -30 "$W/mirror.log"; exit 1; }
@@ -132,7 +138,8 @@ if [ -n "$INSTALLER" ]; then
   IMAGE=debian-12-installer MIRROR=http://$SERVER:8080/ VMS=1 REINSTALLS=1
 else
   say "building or reusing the Debian 12 image and the deploy ramdisk in $CACHE"
-  bash "$here/images/build/debian-12.sh" --out "$CACHE" > "$W/image.log" 2>&1 || { tail -30 "$W/image.log"; exit 1; }
+  wait "$IMAGE_PID" || { tail -30 "$W/image.log"; exit 1; }
+  IMAGE_PID=''
   bash "$here/images/build/deploy-ramdisk.sh" --pxed "$PXED" --out "$CACHE" > "$W/ramdisk.log" 2>&1 \
     || { tail -30 "$W/ramdisk.log"; exit 1; }
   tail -n 2 "$W/image.log" "$W/ramdisk.log" | grep -v '^$' | sed 's/^/    /'
