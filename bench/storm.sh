@@ -29,6 +29,8 @@
 #                                            10.77.64.0/18, which the client side routes to
 #                                            itself); empty: every BMC at the client's one address
 #        NEIGH=1                             raise the server netns' ARP table limits
+#        PXED_BIN=/path/to/pxed              run that build (default: cargo build --release);
+#                                            an A/B of two builds on one machine
 #        PXED_LOG=warn                       pxed's log filter (e.g. "warn,sqlx::query=debug"
 #                                            logs every statement; the log is copied to
 #                                            /tmp/storm-pxed-N-MODE.log)
@@ -50,11 +52,12 @@ for tool in ip dnsmasq nginx python3; do
     *) [ "$tool" = ip ] && { echo "missing ip" >&2; exit 1; } ;;
   esac
 done
-cargo build --release --bin pxed >&2
+# PXED_BIN=/path/to/pxed runs that build instead (an A/B of two builds on one machine).
+[ -n "${PXED_BIN:-}" ] || cargo build --release --bin pxed >&2
 built=$(cargo bench --bench storm --no-run 2>&1) || { echo "$built" | tail -n 30 >&2; echo "could not build bench/storm.rs" >&2; exit 1; }
 SIM=$(echo "$built" | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
 [ -x "$SIM" ] || { echo "$built" | tail -n 30 >&2; echo "could not find bench/storm.rs's executable" >&2; exit 1; }
-PXED=$PWD/target/release/pxed
+PXED=${PXED_BIN:-$PWD/target/release/pxed}
 ulimit -n "$(ulimit -Hn)"
 
 tag=$$

@@ -125,7 +125,13 @@ pub async fn apply(
     if let Some(prefix) = hooks.hostname_prefix {
         assign_hostname(&mut tx, &mut new, prefix).await?;
     }
-    if !tx.update_node(&new, row.version).await? {
+    let detail = event.detail();
+    let audit = Audit {
+        from: Some(row.state),
+        detail: detail.as_deref(),
+        ..Audit::new(id, new.generation, event.name(), new.state, actor)
+    };
+    if !tx.update_node_with_event(&new, row.version, &audit).await? {
         return Err(ApplyError::Conflict(id));
     }
     if t.node.netboot != node.netboot || t.node.generation != node.generation {
@@ -133,13 +139,6 @@ pub async fn apply(
             .await?;
     }
     new.version += 1;
-    let detail = event.detail();
-    tx.append_event(&Audit {
-        from: Some(row.state),
-        detail: detail.as_deref(),
-        ..Audit::new(id, new.generation, event.name(), new.state, actor)
-    })
-    .await?;
     // Schedulers hear of every change of state, queued with the change itself.
     let queued = webhook && new.state != row.state;
     if queued {

@@ -655,6 +655,76 @@ impl NodeTx {
         }
     }
 
+    /// Writes `n`'s lifecycle fields if its version is still `expected_version` and
+    /// appends the audit row `e`; false when another writer got there first (the audit
+    /// row may then be written: the caller drops the transaction, which undoes it).
+    ///
+    /// On SQLite both statements go to sqlx's worker thread in one round trip: every
+    /// lifecycle step takes this path, and under a boot storm the single writer's time
+    /// is mostly those round trips (waits for a core), not SQLite's work.
+    pub async fn update_node_with_event(
+        &mut self,
+        n: &NodeRow,
+        expected_version: i64,
+        e: &Audit<'_>,
+    ) -> Result<bool, StoreError> {
+        let w = match &mut self.tx {
+            Tx::Lite(w) => w,
+            Tx::Pg(p) => {
+                if !p.update_node(n, expected_version).await? {
+                    return Ok(false);
+                }
+                p.append_event(e, &now()).await?;
+                return Ok(true);
+            }
+        };
+        let Audit {
+            node_id,
+            generation,
+            from,
+            event,
+            to,
+            actor,
+            detail,
+        } = *e;
+        let at = now();
+        let r = sqlx::query!(
+            r#"UPDATE nodes SET state = ?, state_since = ?, version = version + 1, generation = ?,
+                   attempt = ?, image = ?, boot_token = ?, agent_token = ?, boot_ip = ?,
+                   failed_step = ?, failed_reason = ?, facts = ?, hostname = ?, arch = ?
+               WHERE id = ? AND version = ?;
+               INSERT INTO node_events (node_id, generation, from_state, event, to_state, at, actor, detail)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?)"#,
+            n.state,
+            n.state_since,
+            n.generation,
+            n.attempt,
+            n.image,
+            n.boot_token,
+            n.agent_token,
+            n.boot_ip,
+            n.failed_step,
+            n.failed_reason,
+            n.facts,
+            n.hostname,
+            n.arch,
+            n.id,
+            expected_version,
+            node_id,
+            generation,
+            from,
+            event,
+            to,
+            at,
+            actor,
+            detail
+        )
+        .execute(&mut **w)
+        .await?;
+        // One row updated and one inserted; an update that matched nothing leaves 1.
+        Ok(r.rows_affected() == 2)
+    }
+
     /// Appends one audit row.
     pub async fn append_event(&mut self, e: &Audit<'_>) -> Result<(), StoreError> {
         match &mut self.tx {
@@ -1226,6 +1296,46 @@ mod tests {
             "after rollback",
             &s.node(id).await.unwrap().map(|n| (n.state, n.version)),
         );
+        // The update and its audit row together (one round trip on SQLite): a stale
+        // version is refused and, dropped, leaves no audit row; a fresh one writes both.
+        let events_before = s.events(id).await.unwrap().len();
+        let audit = Audit {
+            from: Some(State::Reclaiming),
+            detail: Some("both"),
+            ..Audit::new(id, n.generation, "power_cycled", State::Netbooting, "op")
+        };
+        let mut tx = s.begin_node_tx().await.unwrap();
+        let mut n3 = tx.node(id).await.unwrap().unwrap();
+        let v3 = n3.version;
+        n3.state = State::Netbooting;
+        log(
+            "stale update with event",
+            &tx.update_node_with_event(&n3, v3 - 1, &audit)
+                .await
+                .unwrap(),
+        );
+        drop(tx);
+        assert_eq!(s.events(id).await.unwrap().len(), events_before);
+        let mut tx = s.begin_node_tx().await.unwrap();
+        log(
+            "update with event",
+            &tx.update_node_with_event(&n3, v3, &audit).await.unwrap(),
+        );
+        tx.commit().await.unwrap();
+        let after = s.node(id).await.unwrap().unwrap();
+        log(
+            "after update with event",
+            &(after.state, after.version - v3),
+        );
+        let events = s.events(id).await.unwrap();
+        assert_eq!(events.len(), events_before + 1);
+        log(
+            "its event",
+            &events
+                .iter()
+                .find(|e| e.detail.as_deref() == Some("both"))
+                .map(|e| (&e.event, e.from_state, e.to_state, &e.actor)),
+        );
         log(
             "by token",
             &s.node_by_credential("t0k").await.unwrap().map(|n| n.id),
@@ -1323,6 +1433,10 @@ mod tests {
         has("update: true");
         has("stale update: false");
         has("after rollback: Some((Reclaiming, 1))");
+        has("stale update with event: false");
+        has("update with event: true");
+        has("after update with event: (Netbooting, 1)");
+        has("its event: Some((\"power_cycled\", Some(Reclaiming), Netbooting, \"op\"))");
         has("discovered: 1");
         has("deleted again: false");
         has("boot mac: Some(Mac([82, 84, 0, 0, 0, 1]))");
