@@ -240,7 +240,12 @@ mod tests {
         node.generation = 1;
         node.boot_token = Some(crate::model::BootToken(format!("boot-token-{mac}")));
         node.boot_ip = Some(format!("10.0.0.{mac}"));
-        assert!(tx.update_node(&node, version).await.unwrap());
+        let audit = Audit::new(node.id, node.generation, "test", node.state, "test");
+        assert!(
+            tx.update_node_with_event(&node, version, &audit)
+                .await
+                .unwrap()
+        );
         tx.commit().await.unwrap();
         id
     }
@@ -302,7 +307,12 @@ mod tests {
         let version = node.version;
         node.state = State::Available;
         node.boot_token = None;
-        assert!(tx.update_node(&node, version).await.unwrap());
+        let audit = Audit::new(node.id, node.generation, "test", node.state, "test");
+        assert!(
+            tx.update_node_with_event(&node, version, &audit)
+                .await
+                .unwrap()
+        );
         tx.commit().await.unwrap();
         assert!(
             store

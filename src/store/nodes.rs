@@ -642,22 +642,9 @@ impl NodeTx {
         Ok(n > 0)
     }
 
-    /// Writes `n`'s lifecycle fields if its version is still `expected_version`;
-    /// false when another writer got there first.
-    pub async fn update_node(
-        &mut self,
-        n: &NodeRow,
-        expected_version: i64,
-    ) -> Result<bool, StoreError> {
-        match &mut self.tx {
-            Tx::Lite(w) => update_node_tx(w, n, expected_version).await,
-            Tx::Pg(p) => Ok(p.update_node(n, expected_version).await?),
-        }
-    }
-
     /// Writes `n`'s lifecycle fields if its version is still `expected_version` and
-    /// appends the audit row `e`; false when another writer got there first (the audit
-    /// row may then be written: the caller drops the transaction, which undoes it).
+    /// appends the audit row `e`; false, and neither written, when another writer got
+    /// there first.
     ///
     /// On SQLite both statements go to sqlx's worker thread in one round trip: every
     /// lifecycle step takes this path, and under a boot storm the single writer's time
@@ -678,15 +665,6 @@ impl NodeTx {
                 return Ok(true);
             }
         };
-        let Audit {
-            node_id,
-            generation,
-            from,
-            event,
-            to,
-            actor,
-            detail,
-        } = *e;
         let at = now();
         let r = sqlx::query!(
             r#"UPDATE nodes SET state = ?, state_since = ?, version = version + 1, generation = ?,
@@ -694,7 +672,7 @@ impl NodeTx {
                    failed_step = ?, failed_reason = ?, facts = ?, hostname = ?, arch = ?
                WHERE id = ? AND version = ?;
                INSERT INTO node_events (node_id, generation, from_state, event, to_state, at, actor, detail)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?)"#,
+               SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE changes() = 1"#,
             n.state,
             n.state_since,
             n.generation,
@@ -710,18 +688,19 @@ impl NodeTx {
             n.arch,
             n.id,
             expected_version,
-            node_id,
-            generation,
-            from,
-            event,
-            to,
+            e.node_id,
+            e.generation,
+            e.from,
+            e.event,
+            e.to,
             at,
-            actor,
-            detail
+            e.actor,
+            e.detail
         )
         .execute(&mut **w)
         .await?;
-        // One row updated and one inserted; an update that matched nothing leaves 1.
+        // One row updated and one inserted; an update that matched nothing (`changes()`
+        // is the last statement's) inserts nothing either.
         Ok(r.rows_affected() == 2)
     }
 
@@ -816,39 +795,6 @@ async fn node_tx(conn: &mut SqliteConnection, id: i64) -> Result<Option<NodeRow>
             .fetch_optional(conn)
             .await?,
     )
-}
-
-/// Writes a node's lifecycle fields if its version is still `expected`; returns false
-/// when another writer got there first (the caller retries or reports a conflict).
-async fn update_node_tx(
-    conn: &mut SqliteConnection,
-    n: &NodeRow,
-    expected_version: i64,
-) -> Result<bool, StoreError> {
-    let r = sqlx::query!(
-        r#"UPDATE nodes SET state = ?, state_since = ?, version = version + 1, generation = ?,
-               attempt = ?, image = ?, boot_token = ?, agent_token = ?, boot_ip = ?,
-               failed_step = ?, failed_reason = ?, facts = ?, hostname = ?, arch = ?
-           WHERE id = ? AND version = ?"#,
-        n.state,
-        n.state_since,
-        n.generation,
-        n.attempt,
-        n.image,
-        n.boot_token,
-        n.agent_token,
-        n.boot_ip,
-        n.failed_step,
-        n.failed_reason,
-        n.facts,
-        n.hostname,
-        n.arch,
-        n.id,
-        expected_version
-    )
-    .execute(conn)
-    .await?;
-    Ok(r.rows_affected() == 1)
 }
 
 impl Store {
@@ -1230,15 +1176,19 @@ mod tests {
         n.hostname = Some("node-525400000001".into());
         n.generation += 1;
         n.boot_token = Some(crate::model::BootToken("t0k".into()));
-        log("update", &tx.update_node(&n, v).await.unwrap());
-        log("stale update", &tx.update_node(&n, v).await.unwrap());
-        tx.append_event(&Audit {
+        let reinstall = Audit {
             from: Some(State::Available),
             detail: Some("why"),
             ..Audit::new(id, n.generation, "reinstall", State::Reclaiming, "op")
-        })
-        .await
-        .unwrap();
+        };
+        log(
+            "update",
+            &tx.update_node_with_event(&n, v, &reinstall).await.unwrap(),
+        );
+        log(
+            "stale update",
+            &tx.update_node_with_event(&n, v, &reinstall).await.unwrap(),
+        );
         tx.put_idempotent("key-1", id, "{}").await.unwrap();
         log(
             "first boot",
@@ -1290,14 +1240,15 @@ mod tests {
         let mut n2 = tx.node(id).await.unwrap().unwrap();
         let v2 = n2.version;
         n2.state = State::Failed;
-        tx.update_node(&n2, v2).await.unwrap();
+        let failed = Audit::new(id, n2.generation, "failed", State::Failed, "op");
+        tx.update_node_with_event(&n2, v2, &failed).await.unwrap();
         drop(tx);
         log(
             "after rollback",
             &s.node(id).await.unwrap().map(|n| (n.state, n.version)),
         );
         // The update and its audit row together (one round trip on SQLite): a stale
-        // version is refused and, dropped, leaves no audit row; a fresh one writes both.
+        // version writes neither, even in a transaction that commits; a fresh one both.
         let events_before = s.events(id).await.unwrap().len();
         let audit = Audit {
             from: Some(State::Reclaiming),
@@ -1314,9 +1265,6 @@ mod tests {
                 .await
                 .unwrap(),
         );
-        drop(tx);
-        assert_eq!(s.events(id).await.unwrap().len(), events_before);
-        let mut tx = s.begin_node_tx().await.unwrap();
         log(
             "update with event",
             &tx.update_node_with_event(&n3, v3, &audit).await.unwrap(),
