@@ -52,7 +52,6 @@ for tool in ip dnsmasq nginx python3; do
     *) [ "$tool" = ip ] && { echo "missing ip" >&2; exit 1; } ;;
   esac
 done
-# PXED_BIN=/path/to/pxed runs that build instead (an A/B of two builds on one machine).
 [ -n "${PXED_BIN:-}" ] || cargo build --release --bin pxed >&2
 built=$(cargo bench --bench storm --no-run 2>&1) || { echo "$built" | tail -n 30 >&2; echo "could not build bench/storm.rs" >&2; exit 1; }
 SIM=$(echo "$built" | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)

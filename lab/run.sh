@@ -99,7 +99,9 @@ cleanup() {
     say "kept: namespace $NS, work dir $W (pxed log $W/pxed.log); tear down with: lab/run.sh --teardown-only is not needed: kill $PXED_PID $CTL_PID; ip netns del $NS"
     return
   fi
-  [ -n "$IMAGE_PID" ] && pkill -TERM -P "$IMAGE_PID" 2>/dev/null; [ -n "$IMAGE_PID" ] && kill -TERM "$IMAGE_PID" 2>/dev/null && wait "$IMAGE_PID" 2>/dev/null
+  if [ -n "$IMAGE_PID" ]; then # the image build and what it started (debootstrap, zstd)
+    pkill -TERM -P "$IMAGE_PID" 2>/dev/null; kill -TERM "$IMAGE_PID" 2>/dev/null; wait "$IMAGE_PID" 2>/dev/null
+  fi
   [ -n "$CTL_PID" ] && kill -TERM "$CTL_PID" 2>/dev/null && wait "$CTL_PID" 2>/dev/null
   [ -f "$W/lab.json" ] && python3 "$here/lab/controller.py" stop --lab "$W/lab.json" >/dev/null 2>&1
   [ -n "$PXED_PID" ] && kill -TERM "$PXED_PID" 2>/dev/null && wait "$PXED_PID" 2>/dev/null
