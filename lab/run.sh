@@ -288,6 +288,7 @@ api() { # METHOD PATH [JSON] [IDEMPOTENCY-KEY]
   ip netns exec "$NS" curl "${a[@]}" "http://$API_IP/api/v1$2"
 }
 for _ in $(seq 1 50); do ip netns exec "$NS" curl -sf "http://$SERVER/healthz" >/dev/null && break; sleep 0.2; done
+ip netns exec "$NS" curl -sf "http://$SERVER/healthz" >/dev/null || { tail -20 "$W/pxed.log"; say "pxed did not come up"; exit 1; }
 say "pxed, sushy-tools and the lab controller are up in netns $NS"
 
 # ---- 4. register, allocate, reinstall
