@@ -198,6 +198,8 @@ struct Sim {
     t0: Mutex<Option<Instant>>,
     /// CPU seconds (server, simulator, whole machine) at t0.
     cpu0: Mutex<Cpu>,
+    /// The server's CPU seconds by thread name at t0.
+    threads0: Mutex<BTreeMap<String, f64>>,
     counters: Counters,
     /// Per request kind: (connect, response head, whole exchange) in seconds.
     requests: Mutex<BTreeMap<&'static str, Vec<[f64; 3]>>>,
@@ -1206,6 +1208,30 @@ impl Cpu {
     }
 }
 
+/// utime+stime in seconds of every thread of `pids`, summed by thread name (a
+/// runtime's workers share theirs).
+fn thread_cpu(pids: &[u32]) -> BTreeMap<String, f64> {
+    let mut by = BTreeMap::new();
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+            let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+            *by.entry(stat[open + 1..close].to_string()).or_insert(0.0) +=
+                (ticks(11) + ticks(12)) / 100.0;
+        }
+    }
+    by
+}
+
 fn proc_total(pids: &[u32]) -> (f64, f64) {
     pids.iter()
         .filter_map(|p| proc_sample(*p))
@@ -1287,6 +1313,7 @@ async fn main() -> Result<()> {
         args: args.clone(),
         t0: Mutex::new(None),
         cpu0: Mutex::new(Cpu::default()),
+        threads0: Mutex::new(BTreeMap::new()),
         counters: Counters::default(),
         requests: Mutex::default(),
         timelines: (0..n).map(|_| Mutex::new(Timeline::default())).collect(),
@@ -1437,6 +1464,7 @@ async fn main() -> Result<()> {
         let t0 = Instant::now();
         *sim.t0.lock().unwrap() = Some(t0);
         *sim.cpu0.lock().unwrap() = Cpu::now(&args.server_pid);
+        *sim.threads0.lock().unwrap() = thread_cpu(&args.server_pid);
         let ids = ids.lock().unwrap().clone();
         let a = args.clone();
         let img = args.image.clone();
@@ -1463,6 +1491,7 @@ async fn main() -> Result<()> {
     } else {
         *sim.t0.lock().unwrap() = Some(Instant::now());
         *sim.cpu0.lock().unwrap() = Cpu::now(&args.server_pid);
+        *sim.threads0.lock().unwrap() = thread_cpu(&args.server_pid);
         for (i, rx) in rxs.into_iter().enumerate() {
             tokio::spawn(sim.clone().node(i, rx));
         }
@@ -1476,6 +1505,7 @@ async fn main() -> Result<()> {
             .is_ok();
     let wall = t0.elapsed().as_secs_f64();
     let cpu1 = Cpu::now(&args.server_pid);
+    let threads1 = thread_cpu(&args.server_pid);
 
     // ---- report
     let tls: Vec<Timeline> = sim
@@ -1661,6 +1691,17 @@ async fn main() -> Result<()> {
         cpu1.server - cpu0.server,
         100.0 * (cpu1.server - cpu0.server) / wall
     );
+    {
+        let t0 = sim.threads0.lock().unwrap();
+        let mut by: Vec<(f64, &String)> = threads1
+            .iter()
+            .map(|(name, s)| (s - t0.get(name).copied().unwrap_or(0.0), name))
+            .filter(|(s, _)| *s >= 0.05)
+            .collect();
+        by.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let by: Vec<String> = by.iter().map(|(s, n)| format!("{n} {s:.1}")).collect();
+        println!("server CPU by thread (s): {}", by.join(", "));
+    }
     {
         let s = samples.lock().unwrap();
         let peak = s.iter().map(|x| x.2).fold(0.0, f64::max);

@@ -73,11 +73,16 @@ impl Store {
                 .map(|(node, newest)| (node, newest - keep + 1))
                 .collect();
             let oldest = serde_json::to_string(&oldest).expect("integers serialize");
+            // A join, each pair read once: a subquery per row that searched the pairs
+            // (as this was) costs rows × pairs, and with the few hundred nodes a storm
+            // touches per batch that held the one writer for most of a second.
             sqlx::query!(
                 r#"DELETE FROM node_stages
-                   WHERE node_id IN (SELECT value ->> 0 FROM json_each(?1))
-                     AND generation < (SELECT value ->> 1 FROM json_each(?1)
-                                       WHERE value ->> 0 = node_stages.node_id)"#,
+                   WHERE (node_id, generation) IN (
+                     SELECT s.node_id, s.generation
+                       FROM json_each(?1) AS o
+                       JOIN node_stages AS s
+                         ON s.node_id = o.value ->> 0 AND s.generation < o.value ->> 1)"#,
                 oldest
             )
             .execute(&mut *tx)
