@@ -267,6 +267,8 @@ pub struct PacingWire {
     /// A label key (`rack`): each of its values has its own waves; nodes without the
     /// label share one.
     pub power_on_wave_by_label: Option<String>,
+    /// How much lower the file-transfer threads run than the rest of pxed (nice steps).
+    pub transfer_nice: Option<i64>,
 }
 
 /// A pool: an inclusive address range inside a subnet.
@@ -468,6 +470,10 @@ pub struct Pacing {
     pub power_on_wave_interval_secs: u64,
     /// The label whose values are the groups (`None`: one group for all nodes).
     pub power_on_wave_by_label: Option<String>,
+    /// Nice steps the threads that send kernels, initrds and images run below the rest
+    /// of pxed (DHCP, TFTP, callbacks, the store's writer); 0: the same priority. Read
+    /// when the first file goes out.
+    pub transfer_nice: u32,
 }
 
 impl Default for Pacing {
@@ -479,6 +485,7 @@ impl Default for Pacing {
             power_on_wave_size: 50,
             power_on_wave_interval_secs: 10,
             power_on_wave_by_label: None,
+            transfer_nice: 10,
         }
     }
 }
@@ -839,6 +846,8 @@ pub const BOUNDS: &[(&str, Range)] = &[
     ("pacing.power_on_wave_size", Range::count(0, 100_000)),
     // A BMC power-on draws its inrush in seconds; an hour apart is a reclaim by hand.
     ("pacing.power_on_wave_interval_secs", Range::count(1, 3_600)),
+    // Nice values end at 19: 19 steps below is as low as a thread goes.
+    ("pacing.transfer_nice", Range::count(0, 19)),
 ];
 
 /// The range [`BOUNDS`] declares for `key` (`lifecycle.deadlines.installing` matches
@@ -1152,6 +1161,7 @@ pub const ENV_KEYS: &[&str] = &[
     "pacing.power_on_wave_size",
     "pacing.power_on_wave_interval_secs",
     "pacing.power_on_wave_by_label",
+    "pacing.transfer_nice",
 ];
 
 /// Whether `path` is an [`ENV_KEYS`] key; `Err` carries the keys of its section when
@@ -1806,6 +1816,11 @@ fn validate_pacing(p: PacingWire) -> Result<Pacing, ConfigError> {
             def.power_on_wave_interval_secs as i64,
         )?,
         power_on_wave_by_label: by_label,
+        transfer_nice: count(
+            "pacing.transfer_nice",
+            p.transfer_nice,
+            def.transfer_nice.into(),
+        )?,
     })
 }
 
@@ -2245,7 +2260,11 @@ secret_file = "{}"
         assert_eq!(c.pacing.offer_delay_max(), Duration::from_secs(3));
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("pxed.toml");
-        std::fs::write(&p, "[pacing]\nmax_first_stage = 5\nmax_streams = 7\n").unwrap();
+        std::fs::write(
+            &p,
+            "[pacing]\nmax_first_stage = 5\nmax_streams = 7\ntransfer_nice = 0\n",
+        )
+        .unwrap();
         let c = load(
             Some(&p),
             env(&[("PXED_PACING__OFFER_DELAY_MAX_MS", "0")]),
@@ -2258,6 +2277,7 @@ secret_file = "{}"
                 max_first_stage: 5,
                 max_streams: 7,
                 offer_delay_max_ms: 0,
+                transfer_nice: 0,
                 ..Pacing::default()
             }
         );
@@ -2276,6 +2296,11 @@ secret_file = "{}"
                 "PXED_PACING__MAX_STREAMS",
                 "-1",
                 "pacing.max_streams: must be between 1 and 65536 (got -1)",
+            ),
+            (
+                "PXED_PACING__TRANSFER_NICE",
+                "20",
+                "pacing.transfer_nice: must be between 0 and 19 (got 20)",
             ),
         ] {
             let e = load(None, env(&[(var, v)]), &Flags::default()).unwrap_err();

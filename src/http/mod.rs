@@ -272,6 +272,7 @@ pub async fn serve(
     use tokio::sync::Semaphore;
 
     let limits: ConnLimits = state.conn_limits;
+    sendfile::set_transfer_nice(state.cfg.pacing.transfer_nice);
     let stats = Arc::new(ConnStats::default());
     state.renders.lock().expect("lock").push(stats.clone());
     let app = router(state.clone());

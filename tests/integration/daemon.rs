@@ -224,6 +224,15 @@ fn systemd_unit_verifies() {
     assert!(unit.contains("CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_NET_RAW"));
     assert!(unit.contains("ProtectSystem=strict"));
     assert!(unit.contains("StateDirectory=pxed"));
+    // `[pacing] transfer_nice`: @resources is denied but for setpriority, after it.
+    let filters: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("SystemCallFilter="))
+        .collect();
+    assert_eq!(
+        filters,
+        ["@system-service", "~@privileged @resources", "setpriority"]
+    );
     // verify checks that ExecStart exists: point it at the binary under test.
     let p = dir.path().join("pxed.service");
     std::fs::write(&p, unit.replace("/usr/bin/pxed", pxed_bin())).unwrap();
