@@ -44,26 +44,24 @@ pub fn set_transfer_nice(steps: u32) {
 }
 
 /// The calling thread's nice value.
-pub fn thread_nice() -> std::io::Result<i32> {
-    // SAFETY: `getpriority` reads the calling thread's nice value (`who` 0). It answers
-    // -1 both for an error and for a nice value of -1, so errno is cleared first.
-    unsafe {
-        *libc::__errno_location() = 0;
-        let v = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if v == -1 && *libc::__errno_location() != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(v)
+fn thread_nice() -> std::io::Result<i32> {
+    use nix::errno::Errno;
+    // `getpriority` answers -1 both for an error and for a nice value of -1: errno
+    // tells them apart.
+    Errno::clear();
+    // SAFETY: reads the calling thread's nice value (`who` 0); no memory is passed.
+    let v = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    match Errno::last() {
+        e if v == -1 && e != Errno::UnknownErrno => Err(e.into()),
+        _ => Ok(v),
     }
 }
 
 /// Sets the calling thread's nice value. On Linux it belongs to the thread, so the
 /// rest of the process keeps its own; raising it needs no privilege.
-pub fn set_thread_nice(v: i32) -> std::io::Result<()> {
+fn set_thread_nice(v: i32) -> std::io::Result<()> {
     // SAFETY: `setpriority` with `who` 0 changes only the calling thread.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, v) } == -1 {
-        return Err(std::io::Error::last_os_error());
-    }
+    nix::errno::Errno::result(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, v) })?;
     Ok(())
 }
 
@@ -90,19 +88,20 @@ fn files_runtime() -> Option<&'static tokio::runtime::Runtime> {
             // Every thread of the runtime gets the same value, its blocking threads too
             // (which inherit their spawner's): the builder's own plus the steps.
             let steps = TRANSFER_NICE.load(std::sync::atomic::Ordering::Relaxed);
-            let target = thread_nice()
-                .map(|own| (own.saturating_add(i32::try_from(steps).unwrap_or(i32::MAX))).min(19));
+            let target = match thread_nice() {
+                Ok(own) if steps > 0 => Some(own.saturating_add(steps.min(19) as i32).min(19)),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, steps, "file transfers keep pxed's priority");
+                    None
+                }
+            };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(threads)
                 .thread_name("pxed-files")
                 .on_thread_start(move || {
-                    if steps == 0 {
-                        return;
-                    }
-                    if let Err(e) = target
-                        .as_ref()
-                        .map_err(|e| e.kind().into())
-                        .and_then(|&v| set_thread_nice(v))
+                    if let Some(v) = target
+                        && let Err(e) = set_thread_nice(v)
                     {
                         // Once, not per thread (a seccomp filter without setpriority).
                         static WARNED: std::sync::Once = std::sync::Once::new();
