@@ -30,7 +30,7 @@
 //! In `boot` mode (the side-by-side run against dnsmasq + nginx, which have no
 //! lifecycle) every node powers on at t=0 and the run ends at the initrd.
 //!
-//! The report: per-stage p50/p95/p99/max, failures by stage, retries, the server's CPU
+//! The report: per-stage min/p50/p95/p99/max, failures by stage, retries, the server's CPU
 //! and RSS over time, and the byte-transfer floor: the bytes of the storm divided by
 //! the server's HTTP rate for the same files, measured before and after the storm in the
 //! same run (the faster of the two: after the larger storms the rate measured came out
@@ -1542,8 +1542,8 @@ async fn main() -> Result<()> {
         if finished { "" } else { " (timed out)" }
     );
     println!(
-        "{:<24} {:>8} {:>8} {:>8} {:>8}   (seconds, from the previous stage's end)",
-        "stage", "p50", "p95", "p99", "max"
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8}   (seconds, from the previous stage's end)",
+        "stage", "min", "p50", "p95", "p99", "max"
     );
     let mut prev_stage: Option<Stage> = None;
     let stages: Vec<Stage> = Stage::ALL
@@ -1570,8 +1570,9 @@ async fn main() -> Result<()> {
             s.name()
         };
         println!(
-            "{:<24} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   n={}",
+            "{:<24} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   n={}",
             label,
+            pct(&d, 0.0),
             pct(&d, 50.0),
             pct(&d, 95.0),
             pct(&d, 99.0),
@@ -1591,8 +1592,9 @@ async fn main() -> Result<()> {
         "total (t0 → initrd)"
     };
     println!(
-        "{:<24} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   n={}",
+        "{:<24} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}   n={}",
         end_label,
+        pct(&tot, 0.0),
         pct(&tot, 50.0),
         pct(&tot, 95.0),
         pct(&tot, 99.0),

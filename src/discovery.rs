@@ -152,8 +152,9 @@ impl Discovery {
     }
 
     /// DHCP from known nodes' boot MACs: a node `netbooting` has netbooted (the power
-    /// action worked: `NetbootObserved`); one `available` or `allocated` was reset
-    /// behind pxed's back (a leftover).
+    /// action worked: `NetbootObserved`, applied only when the lookup's snapshot says it
+    /// can change the node: not before the reset was sent, nor once observed); one
+    /// `available` or `allocated` was reset behind pxed's back (a leftover).
     async fn feed_netboots(&self, store: &Store, lifecycle: &Arc<Lifecycle>, macs: &[Mac]) {
         let nodes = match store.nodes_by_boot_macs(macs).await {
             Ok(n) => n,
@@ -166,6 +167,13 @@ impl Discovery {
             let (mac, id, state) = (n.mac, n.id, n.state);
             match state {
                 State::Netbooting | State::Reclaiming => {
+                    if !crate::lifecycle::transition::netboot_sighting_matters(
+                        state,
+                        n.cycle_sent,
+                        n.netboot_observed,
+                    ) {
+                        continue;
+                    }
                     let ev = crate::lifecycle::transition::Event::NetbootObserved {
                         generation: n.generation,
                         after_reset: n.cycle_sent,

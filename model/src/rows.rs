@@ -44,6 +44,9 @@ pub struct BootMacNode {
     pub generation: i64,
     /// The power cycle of the current reclaim attempt was recorded as sent.
     pub cycle_sent: bool,
+    /// The current generation's netboot was observed already (`netboot_progress`): a
+    /// further DHCP from the machine changes nothing.
+    pub netboot_observed: bool,
 }
 
 /// A network interface of a node.

@@ -136,6 +136,13 @@ pub struct RedfishBmc {
     seen_fp: Arc<Mutex<Option<String>>>,
     auth: tokio::sync::Mutex<Option<Auth>>,
     system: tokio::sync::OnceCell<String>,
+    /// The system as `find_system` read it to check the configured id: the next read
+    /// of that path takes it instead of asking the BMC again; any other request in
+    /// between drops it (see [`RedfishBmc::get`]).
+    fresh: Mutex<Option<Resp>>,
+    /// `Manufacturer Model, BIOS BiosVersion` from the last read of the system (none of
+    /// the three changes while pxed talks to the BMC).
+    model: Mutex<Option<String>>,
 }
 
 impl fmt::Debug for RedfishBmc {
@@ -163,6 +170,17 @@ fn chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+/// `redfish: Manufacturer Model, BIOS BiosVersion` of a ComputerSystem resource.
+fn model_of(sys: &Value) -> String {
+    let field = |k: &str| sys[k].as_str().unwrap_or("?").trim().to_string();
+    format!(
+        "redfish: {} {}, BIOS {}",
+        field("Manufacturer"),
+        field("Model"),
+        field("BiosVersion")
+    )
 }
 
 /// The BMC's own message from a Redfish error body, else the raw text (truncated).
@@ -386,6 +404,8 @@ impl RedfishBmc {
             seen_fp,
             auth: tokio::sync::Mutex::new(None),
             system: tokio::sync::OnceCell::new(),
+            fresh: Mutex::new(None),
+            model: Mutex::new(None),
         })
     }
 
@@ -571,6 +591,10 @@ impl RedfishBmc {
     /// One request, retried per the call policy; on each attempt an expired session is
     /// re-opened once.
     async fn call(&self, req: Req<'_>) -> Result<Resp, BmcError> {
+        if req.method != Method::GET {
+            // What was read before a change is not what a read after it would find.
+            self.fresh.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
         let req = &req;
         with_retries(&self.policy, D, req.step, || async move {
             let auth = self.auth().await?;
@@ -585,8 +609,23 @@ impl RedfishBmc {
         .await
     }
 
+    /// A GET. Of the system's path, it takes what `find_system` has just read there
+    /// (once), and notes the model from what it read.
     async fn get(&self, step: Step, path: &str) -> Result<Resp, BmcError> {
-        self.call(Req::new(step, Method::GET, path)).await
+        let of_system = self.system.get().is_some_and(|s| s == path);
+        let fresh = if of_system {
+            self.fresh.lock().unwrap_or_else(|e| e.into_inner()).take()
+        } else {
+            None
+        };
+        let r = match fresh {
+            Some(r) => r,
+            None => self.call(Req::new(step, Method::GET, path)).await?,
+        };
+        if of_system {
+            *self.model.lock().unwrap_or_else(|e| e.into_inner()) = Some(model_of(&r.body));
+        }
+        Ok(r)
     }
 
     /// The ComputerSystem path, found once per driver.
@@ -605,7 +644,11 @@ impl RedfishBmc {
                 format!("/redfish/v1/Systems/{id}")
             };
             return match self.get(Step::FindSystem, &path).await {
-                Ok(_) => Ok(path),
+                Ok(r) => {
+                    *self.model.lock().unwrap_or_else(|e| e.into_inner()) = Some(model_of(&r.body));
+                    *self.fresh.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                    Ok(path)
+                }
                 Err(BmcError::Protocol {
                     status: Some(404), ..
                 }) => Err(BmcError::SystemNotFound {
@@ -833,17 +876,14 @@ impl RedfishBmc {
         self.set_boot(next, true).await
     }
 
-    /// `Manufacturer Model, BIOS BiosVersion` of the system.
+    /// `Manufacturer Model, BIOS BiosVersion` of the system, as last read (read now
+    /// when this driver has not read it yet).
     async fn do_model(&self) -> Result<Option<String>, BmcError> {
         let path = self.system().await?.to_string();
-        let sys = self.get(Step::Check, &path).await?.body;
-        let field = |k: &str| sys[k].as_str().unwrap_or("?").trim().to_string();
-        Ok(Some(format!(
-            "redfish: {} {}, BIOS {}",
-            field("Manufacturer"),
-            field("Model"),
-            field("BiosVersion")
-        )))
+        if let Some(m) = self.model.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Ok(Some(m));
+        }
+        Ok(Some(model_of(&self.get(Step::Check, &path).await?.body)))
     }
 
     async fn set_boot(&self, next: NextBoot, force_mode: bool) -> Result<BootOverride, BmcError> {
@@ -1388,6 +1428,103 @@ mod tests {
         let b = r#"{"error":{"code":"Base.1.0.GeneralError","message":"boom","@Message.ExtendedInfo":[{"Message":"detail"}]}}"#;
         assert_eq!(bmc_message(b), "boom; detail");
         assert_eq!(bmc_message("plain"), "plain");
+    }
+
+    /// A Redfish double on loopback for one system `s1` (no SessionService): answers
+    /// GET and PATCH of the system and logs every request as `METHOD path`.
+    async fn double() -> (String, Arc<Mutex<Vec<String>>>) {
+        use axum::extract::State;
+        use axum::http::Method as M;
+        #[derive(Clone)]
+        struct D {
+            log: Arc<Mutex<Vec<String>>>,
+            sys: Arc<Mutex<Value>>,
+        }
+        async fn any(
+            State(d): State<D>,
+            method: M,
+            uri: axum::http::Uri,
+            body: axum::body::Bytes,
+        ) -> axum::response::Response {
+            use axum::response::IntoResponse;
+            d.log
+                .lock()
+                .unwrap()
+                .push(format!("{method} {}", uri.path()));
+            match (method, uri.path()) {
+                (M::GET, "/redfish/v1/") => {
+                    axum::Json(json!({"Systems": {"@odata.id": "/redfish/v1/Systems"}}))
+                        .into_response()
+                }
+                (M::GET, "/redfish/v1/Systems/s1") => {
+                    axum::Json(d.sys.lock().unwrap().clone()).into_response()
+                }
+                (M::PATCH, "/redfish/v1/Systems/s1") => {
+                    let patch: Value = serde_json::from_slice(&body).unwrap();
+                    let mut sys = d.sys.lock().unwrap();
+                    for (k, v) in patch["Boot"].as_object().unwrap() {
+                        sys["Boot"][k] = v.clone();
+                    }
+                    axum::http::StatusCode::NO_CONTENT.into_response()
+                }
+                _ => axum::http::StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+        let mut sys = sushy_like();
+        sys["Manufacturer"] = json!("Acme");
+        sys["Model"] = json!("R1");
+        sys["BiosVersion"] = json!("2.1");
+        let d = D {
+            log: Arc::new(Mutex::new(Vec::new())),
+            sys: Arc::new(Mutex::new(sys)),
+        };
+        let log = d.log.clone();
+        let app = axum::Router::new().fallback(any).with_state(d);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (format!("http://{addr}"), log)
+    }
+
+    /// A driver takes the read that checked the configured system id as its first look
+    /// at the system, and its model from what it read: setting netboot and naming the
+    /// model cost the root, two reads of the system (the check, the read-back) and the
+    /// PATCH, where each used to read the system once more.
+    #[tokio::test]
+    async fn a_driver_reads_the_system_no_more_than_it_must() {
+        let (base, log) = double().await;
+        let ep = BmcEndpoint {
+            driver: Driver::Redfish,
+            address: base,
+            username: "u".into(),
+            password: Secret::new("p"),
+            system_id: Some("s1".into()),
+            match_mac: None,
+            match_uuid: None,
+            tls: TlsPolicy::Pinned(None),
+            policy: CallPolicy::default(),
+        };
+        let b = RedfishBmc::new(&ep).unwrap();
+        let got = b.do_set_boot(NextBoot::pxe_once()).await.unwrap();
+        assert_eq!(got.target, "Pxe");
+        assert_eq!(
+            b.do_model().await.unwrap().as_deref(),
+            Some("redfish: Acme R1, BIOS 2.1")
+        );
+        let sys = "/redfish/v1/Systems/s1";
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "GET /redfish/v1/".to_string(),
+                format!("GET {sys}"),
+                format!("PATCH {sys}"),
+                format!("GET {sys}"),
+            ]
+        );
+        // The next read after a change asks the BMC (nothing kept from before it).
+        log.lock().unwrap().clear();
+        assert_eq!(b.read_override().await.unwrap().target, "Pxe");
+        assert_eq!(*log.lock().unwrap(), [format!("GET {sys}")]);
     }
 
     /// Runs the walk on a stored capture (path -> body), counting GETs.

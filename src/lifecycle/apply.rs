@@ -86,6 +86,12 @@ pub async fn apply(
     }
     let outcome = transition(&node, event, policy)?;
     let Outcome::Changed(t) = &outcome else {
+        tracing::debug!(
+            node = id,
+            event = event.name(),
+            ?outcome,
+            "event changes nothing"
+        );
         if let (Some(key), Some(answer)) = (hooks.idempotency_key, hooks.answer) {
             let text = answer(&row, &outcome);
             tx.put_idempotent(key, id, &text).await?;

@@ -713,6 +713,19 @@ fn installer_served(node: &Node, policy: &Policy) -> Outcome {
     changed(node, next, policy, Duration::ZERO, vec![clear], None)
 }
 
+/// Whether [`Event::NetbootObserved`] (its `after_reset` as given) can change a node in
+/// `state` whose current generation's netboot was `observed` already, as
+/// [`transition`] decides it: DHCP sightings that cannot are not sent through the
+/// store's writer at all (a machine's firmware and iPXE each send a DISCOVER and a
+/// REQUEST; only the first counts).
+pub fn netboot_sighting_matters(state: State, after_reset: bool, observed: bool) -> bool {
+    match state {
+        State::Reclaiming => after_reset && !observed,
+        State::Netbooting => !observed,
+        _ => false,
+    }
+}
+
 /// Decide what `event` does to `node` under `policy`. Pure.
 pub fn transition(node: &Node, event: &Event, policy: &Policy) -> Result<Outcome, TransitionError> {
     use Event as E;
@@ -1344,6 +1357,31 @@ mod tests {
 
     fn token(s: &str) -> BootToken {
         BootToken(s.to_string())
+    }
+
+    /// The shortcut the DHCP sightings take agrees with the transition, for every
+    /// state, with and without the reset sent, observed or not.
+    #[test]
+    fn netboot_sighting_shortcut_agrees_with_the_transition() {
+        for state in State::ALL {
+            for after_reset in [false, true] {
+                for observed in [false, true] {
+                    let mut node = node_in(state);
+                    node.netboot.observed = observed;
+                    let ev = Event::NetbootObserved {
+                        generation: node.generation,
+                        after_reset,
+                    };
+                    let out = transition(&node, &ev, &policy());
+                    let changes = matches!(out, Ok(Outcome::Changed(_)));
+                    assert_eq!(
+                        netboot_sighting_matters(state, after_reset, observed),
+                        changes,
+                        "{state} after_reset={after_reset} observed={observed}: {out:?}"
+                    );
+                }
+            }
+        }
     }
 
     /// A plausible record for a node sitting in `state`, one retry already spent.

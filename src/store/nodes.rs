@@ -996,8 +996,10 @@ impl Store {
             r#"SELECT i.mac AS "mac: Mac", n.id, n.state AS "state: State", n.generation,
                       EXISTS (SELECT 1 FROM bmc_intents b WHERE b.node_id = n.id
                               AND b.generation = n.generation AND b.attempt = n.attempt
-                              AND b.step = ?) AS "cycle_sent!: bool"
+                              AND b.step = ?) AS "cycle_sent!: bool",
+                      COALESCE(p.observed, 0) AS "netboot_observed!: bool"
                FROM interfaces i JOIN nodes n ON n.id = i.node_id
+               LEFT JOIN netboot_progress p ON p.node_id = n.id AND p.generation = n.generation
                WHERE i.is_boot = 1 AND i.mac IN (SELECT value FROM json_each(?))"#,
             cycle,
             list
@@ -1012,6 +1014,7 @@ impl Store {
                 state: r.state,
                 generation: r.generation,
                 cycle_sent: r.cycle_sent,
+                netboot_observed: r.netboot_observed,
             })
             .collect())
     }

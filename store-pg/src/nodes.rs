@@ -232,8 +232,10 @@ impl PgStore {
             r#"SELECT i.mac AS "mac: Mac", n.id, n.state AS "state: State", n.generation,
                       EXISTS (SELECT 1 FROM bmc_intents b WHERE b.node_id = n.id
                               AND b.generation = n.generation AND b.attempt = n.attempt
-                              AND b.step = $1) AS "cycle_sent!"
+                              AND b.step = $1) AS "cycle_sent!",
+                      COALESCE(p.observed, FALSE) AS "netboot_observed!"
                  FROM interfaces i JOIN nodes n ON n.id = i.node_id
+                 LEFT JOIN netboot_progress p ON p.node_id = n.id AND p.generation = n.generation
                 WHERE i.is_boot AND i.mac = ANY($2)"#,
             cycle,
             &list
