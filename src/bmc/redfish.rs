@@ -140,8 +140,8 @@ pub struct RedfishBmc {
     /// of that path takes it instead of asking the BMC again; any other request in
     /// between drops it (see [`RedfishBmc::get`]).
     fresh: Mutex<Option<Resp>>,
-    /// `Manufacturer Model, BIOS BiosVersion` from the last read of the system (none of
-    /// the three changes while pxed talks to the BMC).
+    /// `Manufacturer Model, BIOS BiosVersion`, from the read that checked the system or
+    /// the first `model` call (none of the three changes while pxed talks to the BMC).
     model: Mutex<Option<String>>,
 }
 
@@ -610,22 +610,14 @@ impl RedfishBmc {
     }
 
     /// A GET. Of the system's path, it takes what `find_system` has just read there
-    /// (once), and notes the model from what it read.
+    /// (once).
     async fn get(&self, step: Step, path: &str) -> Result<Resp, BmcError> {
-        let of_system = self.system.get().is_some_and(|s| s == path);
-        let fresh = if of_system {
-            self.fresh.lock().unwrap_or_else(|e| e.into_inner()).take()
-        } else {
-            None
-        };
-        let r = match fresh {
-            Some(r) => r,
-            None => self.call(Req::new(step, Method::GET, path)).await?,
-        };
-        if of_system {
-            *self.model.lock().unwrap_or_else(|e| e.into_inner()) = Some(model_of(&r.body));
+        if self.system.get().is_some_and(|s| s == path)
+            && let Some(r) = self.fresh.lock().unwrap_or_else(|e| e.into_inner()).take()
+        {
+            return Ok(r);
         }
-        Ok(r)
+        self.call(Req::new(step, Method::GET, path)).await
     }
 
     /// The ComputerSystem path, found once per driver.
@@ -876,14 +868,16 @@ impl RedfishBmc {
         self.set_boot(next, true).await
     }
 
-    /// `Manufacturer Model, BIOS BiosVersion` of the system, as last read (read now
-    /// when this driver has not read it yet).
+    /// `Manufacturer Model, BIOS BiosVersion` of the system, read once per driver (the
+    /// read that checked the system id serves when there was one).
     async fn do_model(&self) -> Result<Option<String>, BmcError> {
         let path = self.system().await?.to_string();
         if let Some(m) = self.model.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Ok(Some(m));
         }
-        Ok(Some(model_of(&self.get(Step::Check, &path).await?.body)))
+        let m = model_of(&self.get(Step::Check, &path).await?.body);
+        *self.model.lock().unwrap_or_else(|e| e.into_inner()) = Some(m.clone());
+        Ok(Some(m))
     }
 
     async fn set_boot(&self, next: NextBoot, force_mode: bool) -> Result<BootOverride, BmcError> {
