@@ -233,9 +233,7 @@ pub async fn run(
     let state = AppState::new(
         cfg.clone(),
         store.clone(),
-        Arc::new(StoreBmcs {
-            policy: cfg.bmc.call_policy(),
-        }),
+        Arc::new(StoreBmcs::new(cfg.bmc.call_policy())),
         token,
         cancel.child_token(),
     );

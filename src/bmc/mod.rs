@@ -70,6 +70,7 @@ macro_rules! impl_bmc {
 }
 
 pub mod ipmi;
+pub mod pool;
 pub mod redfish;
 
 pub use crate::model::Driver;

@@ -143,6 +143,9 @@ pub struct RedfishBmc {
     /// `Manufacturer Model, BIOS BiosVersion`, from the read that checked the system or
     /// the first `model` call (none of the three changes while pxed talks to the BMC).
     model: Mutex<Option<String>>,
+    /// Kept by a [`super::pool::Pool`]: `close` ends the step, not the session (the
+    /// pool logs out when the driver goes idle).
+    pooled: bool,
 }
 
 impl fmt::Debug for RedfishBmc {
@@ -406,7 +409,14 @@ impl RedfishBmc {
             system: tokio::sync::OnceCell::new(),
             fresh: Mutex::new(None),
             model: Mutex::new(None),
+            pooled: false,
         })
+    }
+
+    /// This driver as a [`super::pool::Pool`] keeps it.
+    pub(crate) fn pooled(mut self) -> Self {
+        self.pooled = true;
+        self
     }
 
     fn seen(&self) -> Option<String> {
@@ -1068,7 +1078,18 @@ impl RedfishBmc {
         Ok(r)
     }
 
+    /// The end of a step. A pooled driver keeps its session and connections for the
+    /// next step, but not a read of the system no one took (the next step reads anew).
     async fn do_close(&self) {
+        if self.pooled {
+            self.fresh.lock().unwrap_or_else(|e| e.into_inner()).take();
+        } else {
+            self.logout().await;
+        }
+    }
+
+    /// Ends the session, if one was opened.
+    pub(crate) async fn logout(&self) {
         let auth = self.auth.lock().await.take();
         if let Some(
             a @ Auth::Session {
@@ -1427,28 +1448,70 @@ mod tests {
     /// A Redfish double on loopback for one system `s1` (no SessionService): answers
     /// GET and PATCH of the system and logs every request as `METHOD path`.
     async fn double() -> (String, Arc<Mutex<Vec<String>>>) {
-        use axum::extract::State;
+        let (base, log, _) = double_with(false).await;
+        (base, log)
+    }
+
+    /// [`double`], with a SessionService when `sessions` (POST opens one, DELETE ends
+    /// it; the system wants the token then), and the client ports it was reached from.
+    async fn double_with(
+        sessions: bool,
+    ) -> (
+        String,
+        Arc<Mutex<Vec<String>>>,
+        Arc<Mutex<BTreeSet<std::net::SocketAddr>>>,
+    ) {
+        use axum::extract::{ConnectInfo, State};
         use axum::http::Method as M;
         #[derive(Clone)]
         struct D {
             log: Arc<Mutex<Vec<String>>>,
+            peers: Arc<Mutex<BTreeSet<std::net::SocketAddr>>>,
             sys: Arc<Mutex<Value>>,
+            sessions: bool,
         }
         async fn any(
             State(d): State<D>,
+            ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
             method: M,
+            headers: axum::http::HeaderMap,
             uri: axum::http::Uri,
             body: axum::body::Bytes,
         ) -> axum::response::Response {
+            use axum::http::StatusCode as S;
             use axum::response::IntoResponse;
+            d.peers.lock().unwrap().insert(peer);
             d.log
                 .lock()
                 .unwrap()
                 .push(format!("{method} {}", uri.path()));
+            const SESSIONS: &str = "/redfish/v1/SessionService/Sessions";
+            if d.sessions
+                && uri.path().starts_with("/redfish/v1/Systems")
+                && headers.get("X-Auth-Token").is_none()
+            {
+                return S::UNAUTHORIZED.into_response();
+            }
             match (method, uri.path()) {
+                (M::GET, "/redfish/v1/") if d.sessions => axum::Json(json!({
+                    "Systems": {"@odata.id": "/redfish/v1/Systems"},
+                    "SessionService": {"@odata.id": "/redfish/v1/SessionService"},
+                }))
+                .into_response(),
                 (M::GET, "/redfish/v1/") => {
                     axum::Json(json!({"Systems": {"@odata.id": "/redfish/v1/Systems"}}))
                         .into_response()
+                }
+                (M::POST, SESSIONS) if d.sessions => (
+                    S::CREATED,
+                    [
+                        ("X-Auth-Token", "t1"),
+                        ("Location", "/redfish/v1/SessionService/Sessions/1"),
+                    ],
+                )
+                    .into_response(),
+                (M::DELETE, p) if d.sessions && p.starts_with(SESSIONS) => {
+                    S::NO_CONTENT.into_response()
                 }
                 (M::GET, "/redfish/v1/Systems/s1") => {
                     axum::Json(d.sys.lock().unwrap().clone()).into_response()
@@ -1459,9 +1522,9 @@ mod tests {
                     for (k, v) in patch["Boot"].as_object().unwrap() {
                         sys["Boot"][k] = v.clone();
                     }
-                    axum::http::StatusCode::NO_CONTENT.into_response()
+                    S::NO_CONTENT.into_response()
                 }
-                _ => axum::http::StatusCode::NOT_FOUND.into_response(),
+                _ => S::NOT_FOUND.into_response(),
             }
         }
         let mut sys = sushy_like();
@@ -1470,24 +1533,27 @@ mod tests {
         sys["BiosVersion"] = json!("2.1");
         let d = D {
             log: Arc::new(Mutex::new(Vec::new())),
+            peers: Arc::new(Mutex::new(BTreeSet::new())),
             sys: Arc::new(Mutex::new(sys)),
+            sessions,
         };
-        let log = d.log.clone();
+        let (log, peers) = (d.log.clone(), d.peers.clone());
         let app = axum::Router::new().fallback(any).with_state(d);
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(l, app).await });
-        (format!("http://{addr}"), log)
+        tokio::spawn(async move {
+            axum::serve(
+                l,
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .await
+        });
+        (format!("http://{addr}"), log, peers)
     }
 
-    /// A driver takes the read that checked the configured system id as its first look
-    /// at the system, and its model from what it read: setting netboot and naming the
-    /// model cost the root, two reads of the system (the check, the read-back) and the
-    /// PATCH, where each used to read the system once more.
-    #[tokio::test]
-    async fn a_driver_reads_the_system_no_more_than_it_must() {
-        let (base, log) = double().await;
-        let ep = BmcEndpoint {
+    /// The endpoint of the double's system `s1` at `base`.
+    fn double_endpoint(base: String) -> BmcEndpoint {
+        BmcEndpoint {
             driver: Driver::Redfish,
             address: base,
             username: "u".into(),
@@ -1497,7 +1563,17 @@ mod tests {
             match_uuid: None,
             tls: TlsPolicy::Pinned(None),
             policy: CallPolicy::default(),
-        };
+        }
+    }
+
+    /// A driver takes the read that checked the configured system id as its first look
+    /// at the system, and its model from what it read: setting netboot and naming the
+    /// model cost the root, two reads of the system (the check, the read-back) and the
+    /// PATCH, where each used to read the system once more.
+    #[tokio::test]
+    async fn a_driver_reads_the_system_no_more_than_it_must() {
+        let (base, log) = double().await;
+        let ep = double_endpoint(base);
         let b = RedfishBmc::new(&ep).unwrap();
         let got = b.do_set_boot(NextBoot::pxe_once()).await.unwrap();
         assert_eq!(got.target, "Pxe");
@@ -1519,6 +1595,67 @@ mod tests {
         log.lock().unwrap().clear();
         assert_eq!(b.read_override().await.unwrap().target, "Pxe");
         assert_eq!(*log.lock().unwrap(), [format!("GET {sys}")]);
+    }
+
+    /// A pooled driver carries its connection, session and system over from one step
+    /// to the next: the second step costs one read of the system, where a new driver
+    /// would open a connection, read the root, log in, check the system and log out.
+    /// Another password is another driver; the pool logs its drivers out at the end.
+    #[tokio::test]
+    async fn a_pooled_driver_carries_its_session_across_steps() {
+        let (base, log, peers) = double_with(true).await;
+        let ep = double_endpoint(base);
+        let pool = super::super::pool::Pool::default();
+        let sys = "/redfish/v1/Systems/s1";
+        let sessions = "/redfish/v1/SessionService/Sessions";
+        // Step 1: set the network boot.
+        let b = pool.connect(&ep).unwrap();
+        b.set_next_boot(NextBoot::pxe_once()).await.unwrap();
+        b.close().await;
+        drop(b);
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "GET /redfish/v1/".to_string(),
+                format!("POST {sessions}"),
+                format!("GET {sys}"),
+                format!("PATCH {sys}"),
+                format!("GET {sys}"),
+            ]
+        );
+        // Step 2: read the override, on the same session and connection.
+        log.lock().unwrap().clear();
+        let b = pool.connect(&ep).unwrap();
+        assert_eq!(b.boot_override().await.unwrap().target, "Pxe");
+        b.close().await;
+        drop(b);
+        assert_eq!(*log.lock().unwrap(), [format!("GET {sys}")]);
+        assert_eq!(
+            peers.lock().unwrap().len(),
+            1,
+            "one connection for both steps"
+        );
+        assert_eq!(pool.len(), 1);
+        // Another password: another driver, its own session.
+        log.lock().unwrap().clear();
+        let mut other = ep.clone();
+        other.password = Secret::new("q");
+        let b = pool.connect(&other).unwrap();
+        b.power_state().await.unwrap();
+        drop(b);
+        assert_eq!(log.lock().unwrap()[1], format!("POST {sessions}"));
+        assert_eq!(pool.len(), 2);
+        // Shutdown: both sessions end.
+        log.lock().unwrap().clear();
+        pool.close_all().await;
+        assert!(pool.is_empty());
+        let deletes = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(&format!("DELETE {sessions}/")))
+            .count();
+        assert_eq!(deletes, 2, "{:?}", log.lock().unwrap());
     }
 
     /// Runs the walk on a stored capture (path -> body), counting GETs.

@@ -127,15 +127,29 @@ pub trait BmcConnector: Send + Sync {
         store: &'a Store,
         id: i64,
     ) -> BoxFuture<'a, Result<Arc<dyn Bmc>, ConnectError>>;
+    /// Ends what the connector keeps open (shutdown).
+    fn close_all(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// Reads BMC endpoints and secrets from the store and connects the real drivers.
 #[derive(Debug, Default)]
 pub struct StoreBmcs {
     pub policy: bmc::CallPolicy,
+    /// Redfish drivers kept across a reinstall's steps (see [`bmc::pool`]).
+    pub pool: bmc::pool::Pool,
 }
 
 impl StoreBmcs {
+    /// Connects with `policy`, Redfish drivers pooled.
+    pub fn new(policy: bmc::CallPolicy) -> Self {
+        StoreBmcs {
+            policy,
+            pool: bmc::pool::Pool::default(),
+        }
+    }
+
     /// The endpoint of node `id` (with its secret: never log it as text).
     pub async fn endpoint(&self, store: &Store, id: i64) -> Result<BmcEndpoint, ConnectError> {
         let (row, password, boot_mac) =
@@ -172,8 +186,11 @@ impl BmcConnector for StoreBmcs {
     ) -> BoxFuture<'a, Result<Arc<dyn Bmc>, ConnectError>> {
         Box::pin(async move {
             let ep = self.endpoint(store, id).await?;
-            Ok(bmc::connect(&ep)?)
+            Ok(self.pool.connect(&ep)?)
         })
+    }
+    fn close_all(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.pool.close_all())
     }
 }
 
@@ -633,6 +650,14 @@ impl Lifecycle {
     pub async fn drain(&self) {
         self.tasks.close();
         self.tasks.wait().await;
+        // Sessions held for the next step end now; a BMC that does not answer keeps its
+        // own until it expires it, rather than hold up the shutdown.
+        if tokio::time::timeout(Duration::from_secs(5), self.bmcs.close_all())
+            .await
+            .is_err()
+        {
+            tracing::info!("BMC sessions not all logged out within 5 s; the BMCs expire them");
+        }
         // Its deadlines die with it: another instance takes its nodes over now.
         match self.store.release_nodes(&self.owner).await {
             Ok(0) => {}

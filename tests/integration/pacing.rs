@@ -218,9 +218,9 @@ async fn an_http_file_holds_its_slot_until_the_body_is_gone() {
     const IPXE_LEN: usize = 32 << 20;
     std::fs::write(cfg.ipxe_dir.join("snponly.efi"), vec![2u8; IPXE_LEN]).unwrap();
     let store = Store::open(&cfg.data_dir).await.unwrap();
-    let bmcs = Arc::new(pxed::lifecycle::worker::StoreBmcs {
-        policy: cfg.bmc.call_policy(),
-    });
+    let bmcs = Arc::new(pxed::lifecycle::worker::StoreBmcs::new(
+        cfg.bmc.call_policy(),
+    ));
     let cancel = CancellationToken::new();
     let st = pxed::state::AppState::new(Arc::new(cfg), store, bmcs, "t".into(), cancel.clone());
     let slots = st.slots.clone();
