@@ -578,6 +578,6 @@ print("ok " + " ".join("%s+%.1fs" % (s["stage"], (s.get("lasted_ms") or 0) / 100
   done
   case "$FAULT" in checksum|notfound|poweroff) break ;; esac
 done
-[ "$FAILED" = 0 ] && say "lab passed" || say "lab FAILED"
+if [ "$FAILED" = 0 ]; then say "lab passed"; else say "lab FAILED"; fi
 echo "lab: $PASSES passed, $FAILED failed"
 [ "$FAILED" = 0 ]
