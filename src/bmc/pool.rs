@@ -106,6 +106,32 @@ impl Pool {
         Ok(bmc)
     }
 
+    /// Takes `bmc` out of the pool after a step failed with it: the retry starts from
+    /// a new driver (connection, login, system found again), as it would without the
+    /// pool. Its session ends once no other step holds it.
+    pub fn discard(&self, bmc: &Arc<dyn Bmc>) {
+        let target = Arc::as_ptr(bmc).cast::<()>();
+        let gone = {
+            let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+            let k = map
+                .iter()
+                .find(|(_, e)| Arc::as_ptr(&e.bmc).cast::<()>() == target)
+                .map(|(k, _)| *k);
+            k.and_then(|k| map.remove(&k))
+        };
+        if let Some(e) = gone {
+            tokio::spawn(async move {
+                // The caller's own reference goes when its step ends; another step
+                // (the inventory beside a power cycle) may still be running on it.
+                let until = Instant::now() + Self::IDLE;
+                while in_use(&e) > 0 && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                e.bmc.logout().await;
+            });
+        }
+    }
+
     /// Drivers held now.
     pub fn len(&self) -> usize {
         self.inner

@@ -1658,6 +1658,43 @@ mod tests {
         assert_eq!(deletes, 2, "{:?}", log.lock().unwrap());
     }
 
+    /// A driver a step failed with leaves the pool: the retry logs in anew on a new
+    /// driver, and the old session is ended once no step holds it.
+    #[tokio::test]
+    async fn a_discarded_driver_is_logged_out_and_not_reused() {
+        let (base, log, _) = double_with(true).await;
+        let ep = double_endpoint(base);
+        let pool = super::super::pool::Pool::default();
+        let sessions = "/redfish/v1/SessionService/Sessions";
+        let b = pool.connect(&ep).unwrap();
+        b.power_state().await.unwrap();
+        b.close().await;
+        pool.discard(&b);
+        assert!(pool.is_empty());
+        let deleted = || {
+            log.lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.starts_with(&format!("DELETE {sessions}/")))
+        };
+        // Still held by this step: no logout under its feet.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!deleted(), "{:?}", log.lock().unwrap());
+        let again = pool.connect(&ep).unwrap();
+        assert!(!Arc::ptr_eq(&b, &again));
+        drop(b);
+        for _ in 0..50 {
+            if deleted() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(deleted(), "{:?}", log.lock().unwrap());
+        log.lock().unwrap().clear();
+        again.power_state().await.unwrap();
+        assert_eq!(log.lock().unwrap()[1], format!("POST {sessions}"));
+    }
+
     /// Runs the walk on a stored capture (path -> body), counting GETs.
     async fn walk_capture(name: &str, system: &str, cap: usize) -> (Resources, usize) {
         let c = crate::inventory::redfish::tests::capture(name);

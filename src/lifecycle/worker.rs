@@ -131,6 +131,8 @@ pub trait BmcConnector: Send + Sync {
     fn close_all(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+    /// A step failed with `bmc`: the next one should not reuse it.
+    fn discard(&self, _bmc: &Arc<dyn Bmc>) {}
 }
 
 /// Reads BMC endpoints and secrets from the store and connects the real drivers.
@@ -191,6 +193,9 @@ impl BmcConnector for StoreBmcs {
     }
     fn close_all(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.pool.close_all())
+    }
+    fn discard(&self, bmc: &Arc<dyn Bmc>) {
+        self.pool.discard(bmc);
     }
 }
 
@@ -1026,6 +1031,9 @@ impl Lifecycle {
             let _ = self.store.pin_bmc_cert(id, &fp).await;
         }
         b.close().await;
+        if r.is_err() {
+            self.bmcs.discard(&b);
+        }
         r.map(|()| b.driver())
             .map_err(|error| BmcCallError::Bmc { step, error })
     }
@@ -1070,6 +1078,9 @@ impl Lifecycle {
         }
         .await;
         b.close().await;
+        if r.is_err() {
+            self.bmcs.discard(&b);
+        }
         r.map(|()| b.driver())
             .map_err(|error| BmcCallError::Bmc { step, error })
     }
