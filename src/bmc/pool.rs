@@ -32,17 +32,23 @@ struct Entry {
     used: Instant,
 }
 
-#[derive(Default)]
 struct Inner {
+    /// [`Pool::IDLE`] but in tests.
+    idle: Duration,
     map: Mutex<HashMap<Key, Entry>>,
     /// A sweeper task runs (one at most; it ends when the pool is empty).
     sweeping: AtomicBool,
 }
 
 /// Redfish drivers by endpoint, one per daemon (see the module docs).
-#[derive(Default)]
 pub struct Pool {
     inner: Arc<Inner>,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool::with_idle(Pool::IDLE)
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -69,6 +75,18 @@ impl Pool {
     /// Drivers kept at most; beyond, the least recently used idle one is closed.
     pub const MAX: usize = 4096;
 
+    /// A pool whose drivers are logged out after `idle` unused ([`Pool::IDLE`] in the
+    /// daemon).
+    pub fn with_idle(idle: Duration) -> Self {
+        Pool {
+            inner: Arc::new(Inner {
+                idle,
+                map: Mutex::default(),
+                sweeping: AtomicBool::new(false),
+            }),
+        }
+    }
+
     /// The driver for `ep`: the pooled one for a Redfish endpoint seen within
     /// [`Pool::IDLE`], else a new one (pooled when Redfish). `close` on a pooled driver
     /// keeps its session; the pool closes it when it goes idle.
@@ -77,14 +95,21 @@ impl Pool {
             return super::connect(ep);
         }
         let k = key(ep);
-        let now = Instant::now();
+        if let Some(e) = self.lock().get_mut(&k) {
+            e.used = Instant::now();
+            return Ok(e.bmc.clone());
+        }
+        // Built outside the lock (a TLS configuration and an HTTP client); should
+        // another step have pooled one meanwhile, that one is used.
+        let new = Arc::new(RedfishBmc::new(ep)?.pooled());
         let (bmc, spill) = {
-            let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.lock();
+            let now = Instant::now();
             if let Some(e) = map.get_mut(&k) {
                 e.used = now;
                 return Ok(e.bmc.clone());
             }
-            let bmc = Arc::new(RedfishBmc::new(ep)?.pooled());
+            let bmc = new;
             let spill = if map.len() >= Self::MAX {
                 lru_idle(&map).and_then(|k| map.remove(&k))
             } else {
@@ -112,7 +137,7 @@ impl Pool {
     pub fn discard(&self, bmc: &Arc<dyn Bmc>) {
         let target = Arc::as_ptr(bmc).cast::<()>();
         let gone = {
-            let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.lock();
             let k = map
                 .iter()
                 .find(|(_, e)| Arc::as_ptr(&e.bmc).cast::<()>() == target)
@@ -120,10 +145,11 @@ impl Pool {
             k.and_then(|k| map.remove(&k))
         };
         if let Some(e) = gone {
+            let idle = self.inner.idle;
             tokio::spawn(async move {
                 // The caller's own reference goes when its step ends; another step
                 // (the inventory beside a power cycle) may still be running on it.
-                let until = Instant::now() + Self::IDLE;
+                let until = Instant::now() + idle;
                 while in_use(&e) > 0 && Instant::now() < until {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -132,13 +158,13 @@ impl Pool {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.inner.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Drivers held now.
     pub fn len(&self) -> usize {
-        self.inner
-            .map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.lock().len()
     }
 
     /// Whether no driver is held.
@@ -150,27 +176,25 @@ impl Pool {
     /// step; its session stays until the BMC expires it.
     pub async fn close_all(&self) {
         let all: Vec<Entry> = {
-            let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.lock();
             map.drain().map(|(_, e)| e).collect()
         };
         futures::future::join_all(all.iter().map(|e| e.bmc.logout())).await;
     }
 
-    /// Starts the sweeper unless one runs: every half [`Pool::IDLE`] it closes the
-    /// drivers idle that long; it ends when the pool is empty or dropped.
+    /// Starts the sweeper unless one runs: every half idle time it closes the drivers
+    /// idle that long; it ends when the pool is empty or dropped.
     fn sweep_later(&self) {
         if self.inner.sweeping.swap(true, Ordering::AcqRel) {
             return;
         }
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let every = self.inner.idle / 2;
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Self::IDLE / 2).await;
+                tokio::time::sleep(every).await;
                 let Some(inner) = weak.upgrade() else { return };
-                let (idle, empty) = inner.take_idle(Instant::now(), Self::IDLE);
-                if empty {
-                    inner.sweeping.store(false, Ordering::Release);
-                }
+                let (idle, empty) = inner.take_idle(Instant::now());
                 drop(inner);
                 futures::future::join_all(idle.iter().map(|b| b.logout())).await;
                 if empty {
@@ -182,13 +206,14 @@ impl Pool {
 }
 
 impl Inner {
-    /// Removes the drivers unused for `idle` and held by no step; returns them and
-    /// whether the pool is now empty.
-    fn take_idle(&self, now: Instant, idle: Duration) -> (Vec<Arc<RedfishBmc>>, bool) {
+    /// Removes the drivers unused for the idle time and held by no step; returns them and
+    /// whether the pool is now empty, in which case the sweeper ends (marked under the
+    /// lock, so a driver pooled after it starts a new one).
+    fn take_idle(&self, now: Instant) -> (Vec<Arc<RedfishBmc>>, bool) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let gone: Vec<Key> = map
             .iter()
-            .filter(|(_, e)| now.duration_since(e.used) >= idle && in_use(e) == 0)
+            .filter(|(_, e)| now.duration_since(e.used) >= self.idle && in_use(e) == 0)
             .map(|(k, _)| *k)
             .collect();
         let out = gone
@@ -196,7 +221,11 @@ impl Inner {
             .filter_map(|k| map.remove(k))
             .map(|e| e.bmc)
             .collect();
-        (out, map.is_empty())
+        let empty = map.is_empty();
+        if empty {
+            self.sweeping.store(false, Ordering::Release);
+        }
+        (out, empty)
     }
 }
 

@@ -1597,6 +1597,25 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), [format!("GET {sys}")]);
     }
 
+    /// Whether the double's log has a session logout.
+    fn logged_out(log: &Mutex<Vec<String>>) -> bool {
+        log.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with("DELETE /redfish/v1/SessionService/Sessions/"))
+    }
+
+    /// Whether `f` comes to hold within 5 s (looked at every 100 ms).
+    async fn within_5s(f: impl Fn() -> bool) -> bool {
+        for _ in 0..50 {
+            if f() {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        f()
+    }
+
     /// A pooled driver carries its connection, session and system over from one step
     /// to the next: the second step costs one read of the system, where a new driver
     /// would open a connection, read the root, log in, check the system and log out.
@@ -1671,28 +1690,49 @@ mod tests {
         b.close().await;
         pool.discard(&b);
         assert!(pool.is_empty());
-        let deleted = || {
-            log.lock()
-                .unwrap()
-                .iter()
-                .any(|l| l.starts_with(&format!("DELETE {sessions}/")))
-        };
         // Still held by this step: no logout under its feet.
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert!(!deleted(), "{:?}", log.lock().unwrap());
+        assert!(!logged_out(&log), "{:?}", log.lock().unwrap());
         let again = pool.connect(&ep).unwrap();
         assert!(!Arc::ptr_eq(&b, &again));
         drop(b);
-        for _ in 0..50 {
-            if deleted() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        assert!(deleted(), "{:?}", log.lock().unwrap());
+        assert!(
+            within_5s(|| logged_out(&log)).await,
+            "{:?}",
+            log.lock().unwrap()
+        );
         log.lock().unwrap().clear();
         again.power_state().await.unwrap();
         assert_eq!(log.lock().unwrap()[1], format!("POST {sessions}"));
+    }
+
+    /// A pooled driver left unused for the idle time is logged out and dropped; one a
+    /// step still holds is kept however long the step takes.
+    #[tokio::test]
+    async fn an_idle_pooled_driver_is_logged_out() {
+        let (base, log, _) = double_with(true).await;
+        let ep = double_endpoint(base);
+        let pool = super::super::pool::Pool::with_idle(std::time::Duration::from_millis(200));
+        let b = pool.connect(&ep).unwrap();
+        b.power_state().await.unwrap();
+        b.close().await;
+        // Held by a step well past the idle time: kept, session open.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        assert_eq!(pool.len(), 1);
+        assert!(!logged_out(&log));
+        drop(b);
+        assert!(within_5s(|| pool.is_empty()).await);
+        // The logout follows the removal: wait for it, bounded.
+        assert!(
+            within_5s(|| logged_out(&log)).await,
+            "{:?}",
+            log.lock().unwrap()
+        );
+        // The sweeper ended with the pool empty; a new driver starts another.
+        let b = pool.connect(&ep).unwrap();
+        b.power_state().await.unwrap();
+        drop(b);
+        assert!(within_5s(|| pool.is_empty()).await);
     }
 
     /// Runs the walk on a stored capture (path -> body), counting GETs.
