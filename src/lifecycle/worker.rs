@@ -1030,9 +1030,20 @@ impl Lifecycle {
             tracing::info!(node = id, fingerprint = %fp, "pinned BMC TLS certificate on first use");
             let _ = self.store.pin_bmc_cert(id, &fp).await;
         }
+        self.end_step(&b, step, r).await
+    }
+
+    /// The end of a reclaim's BMC step: the driver closed, and dropped from the pool
+    /// when the step failed (its retry starts from a new one).
+    async fn end_step(
+        &self,
+        b: &Arc<dyn Bmc>,
+        step: BmcStep,
+        r: Result<(), bmc::BmcError>,
+    ) -> Result<bmc::Driver, BmcCallError> {
         b.close().await;
         if r.is_err() {
-            self.bmcs.discard(&b);
+            self.bmcs.discard(b);
         }
         r.map(|()| b.driver())
             .map_err(|error| BmcCallError::Bmc { step, error })
@@ -1077,12 +1088,7 @@ impl Lifecycle {
             }
         }
         .await;
-        b.close().await;
-        if r.is_err() {
-            self.bmcs.discard(&b);
-        }
-        r.map(|()| b.driver())
-            .map_err(|error| BmcCallError::Bmc { step, error })
+        self.end_step(&b, step, r).await
     }
 
     /// The node netbooted: take away a network boot override its BMC still holds (see
