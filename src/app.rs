@@ -129,13 +129,15 @@ pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
 }
 
 /// Applies a re-read configuration: what can change live does (the lifecycle
-/// policy: deadlines, retries, backoff; the power-on waves); the rest is named as
+/// policy: deadlines, retries, backoff; the power-on waves and booting limit); the rest is named as
 /// needing a restart.
 fn reload(state: &AppState, running: &Config, new: &Config) {
     let changed = changed_keys(running, new);
-    let (live, restart): (Vec<String>, Vec<String>) = changed
-        .into_iter()
-        .partition(|k| k.starts_with("lifecycle.") || k.starts_with("pacing.power_on_"));
+    let (live, restart): (Vec<String>, Vec<String>) = changed.into_iter().partition(|k| {
+        k.starts_with("lifecycle.")
+            || k.starts_with("pacing.power_on_")
+            || k == "pacing.max_booting"
+    });
     if live.iter().any(|k| k.starts_with("lifecycle.")) {
         state
             .lifecycle
@@ -148,6 +150,11 @@ fn reload(state: &AppState, running: &Config, new: &Config) {
         state
             .lifecycle
             .set_waves(crate::lifecycle::pacing::Waves::from_config(&new.pacing));
+    }
+    if live.iter().any(|k| k == "pacing.max_booting") {
+        state
+            .lifecycle
+            .set_max_booting(new.pacing.max_booting_within(state.conn_limits));
     }
     tracing::info!(
         reloaded = %if live.is_empty() { "nothing".into() } else { live.join(", ") },

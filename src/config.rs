@@ -267,6 +267,9 @@ pub struct PacingWire {
     /// A label key (`rack`): each of its values has its own waves; nodes without the
     /// label share one.
     pub power_on_wave_by_label: Option<String>,
+    /// Nodes a reinstall has powered on that have not fetched their installer yet,
+    /// before further power-ons wait; 0: no limit.
+    pub max_booting: Option<i64>,
     /// How much lower the file-transfer threads run than the rest of pxed (nice steps).
     pub transfer_nice: Option<i64>,
 }
@@ -366,6 +369,18 @@ impl Pacing {
     /// The longest an offer is held.
     pub fn offer_delay_max(&self) -> Duration {
         Duration::from_millis(self.offer_delay_max_ms.into())
+    }
+
+    /// `max_booting` as the lifecycle uses it: at most half of the HTTP connections
+    /// pxed holds (each booting node is about one; the rest serve installers, agents
+    /// and the API). 0 stays 0: no limit.
+    pub fn max_booting_within(&self, http: crate::net::ConnLimits) -> u32 {
+        match self.max_booting {
+            0 => 0,
+            n => n
+                .min(u32::try_from(http.max / 2).unwrap_or(u32::MAX))
+                .max(1),
+        }
     }
 }
 
@@ -470,6 +485,11 @@ pub struct Pacing {
     pub power_on_wave_interval_secs: u64,
     /// The label whose values are the groups (`None`: one group for all nodes).
     pub power_on_wave_by_label: Option<String>,
+    /// Nodes powered on by a reinstall and still booting (reclaiming or netbooting: not
+    /// yet at their installer or deploy agent) before a further power-on waits for one
+    /// to get there; 0: no limit. Never above half the HTTP connection cap
+    /// (`net::ConnLimits`), since each booting node holds about one connection.
+    pub max_booting: u32,
     /// Nice steps the threads that send kernels, initrds and images run below the rest
     /// of pxed (DHCP, TFTP, callbacks, the store's writer); 0: the same priority. Read
     /// when the first file goes out.
@@ -485,6 +505,7 @@ impl Default for Pacing {
             power_on_wave_size: 50,
             power_on_wave_interval_secs: 10,
             power_on_wave_by_label: None,
+            max_booting: 1024,
             transfer_nice: 10,
         }
     }
@@ -846,6 +867,8 @@ pub const BOUNDS: &[(&str, Range)] = &[
     ("pacing.power_on_wave_size", Range::count(0, 100_000)),
     // A BMC power-on draws its inrush in seconds; an hour apart is a reclaim by hand.
     ("pacing.power_on_wave_interval_secs", Range::count(1, 3_600)),
+    // 0: no limit; past 1 Mi nodes booting at once is no limit either.
+    ("pacing.max_booting", Range::count(0, 1_048_576)),
     // Nice values end at 19: 19 steps below is as low as a thread goes.
     ("pacing.transfer_nice", Range::count(0, 19)),
 ];
@@ -1161,6 +1184,7 @@ pub const ENV_KEYS: &[&str] = &[
     "pacing.power_on_wave_size",
     "pacing.power_on_wave_interval_secs",
     "pacing.power_on_wave_by_label",
+    "pacing.max_booting",
     "pacing.transfer_nice",
 ];
 
@@ -1816,6 +1840,7 @@ fn validate_pacing(p: PacingWire) -> Result<Pacing, ConfigError> {
             def.power_on_wave_interval_secs as i64,
         )?,
         power_on_wave_by_label: by_label,
+        max_booting: count("pacing.max_booting", p.max_booting, def.max_booting.into())?,
         transfer_nice: count(
             "pacing.transfer_nice",
             p.transfer_nice,
@@ -2262,7 +2287,7 @@ secret_file = "{}"
         let p = dir.path().join("pxed.toml");
         std::fs::write(
             &p,
-            "[pacing]\nmax_first_stage = 5\nmax_streams = 7\ntransfer_nice = 0\n",
+            "[pacing]\nmax_first_stage = 5\nmax_streams = 7\ntransfer_nice = 0\nmax_booting = 0\n",
         )
         .unwrap();
         let c = load(
@@ -2278,6 +2303,7 @@ secret_file = "{}"
                 max_streams: 7,
                 offer_delay_max_ms: 0,
                 transfer_nice: 0,
+                max_booting: 0,
                 ..Pacing::default()
             }
         );

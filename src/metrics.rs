@@ -41,6 +41,10 @@ impl Gauge {
     pub fn get(&self) -> i64 {
         self.0.load(Ordering::Relaxed)
     }
+    /// Sets the value (a count kept elsewhere, such as a map's length).
+    pub fn set(&self, v: i64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
 }
 
 /// A counter per combination of `N` label values. Values are `&'static str`, so they

@@ -83,6 +83,8 @@ impl AppState {
         let policy = Policy::from_config(&cfg.lifecycle);
         let lifecycle = Lifecycle::new(store.clone(), policy, bmcs, cancel.clone());
         lifecycle.set_waves(crate::lifecycle::pacing::Waves::from_config(&cfg.pacing));
+        let conn_limits = crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit());
+        lifecycle.set_max_booting(cfg.pacing.max_booting_within(conn_limits));
         lifecycle.set_owner_ttl(cfg.lifecycle.owner_ttl);
         lifecycle.set_queue_webhooks(!cfg.webhooks.targets.is_empty());
         let pacing_stats: Arc<dyn Render> = lifecycle.pacing.clone();
@@ -120,7 +122,7 @@ impl AppState {
                 d
             },
             leftovers,
-            conn_limits: crate::net::ConnLimits::for_fd_limit(crate::net::fd_limit()),
+            conn_limits,
             subscribers: Arc::new(tokio::sync::Semaphore::new(
                 crate::http::status::MAX_SUBSCRIBERS,
             )),

@@ -140,6 +140,9 @@ async fn config(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let n = by_token(&st, &token, conn, "config", Kind::Boot).await?;
+    // The installer is running: the node no longer counts as booting (its place goes
+    // to the next paced power-on).
+    st.lifecycle.booted(n.id);
     let base = base_url(&st, &headers, conn);
     let text = crate::provision::render_config(&st, &n, &file, &base, &token).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())

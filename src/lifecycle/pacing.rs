@@ -8,11 +8,23 @@
 //! reserved when asked for, so callers that wait are served first come, first served
 //! and never ask twice. The worker keeps it in memory only: after a restart every
 //! interrupted power cycle simply asks again, and waves restart from that moment.
+//!
+//! Waves pace the power-ons by the clock; [`Booting`] paces them by the load they make.
+//! A node a reinstall has powered on is *booting* until it reaches its installer (its
+//! kickstart, autoinstall or preseed is fetched, or its deploy agent asks for its
+//! plan) or leaves the reinstall; at most `max_booting` nodes boot at once, and a
+//! further power-on waits (first come, first served) for one of them to get there.
+//! Each booting node is about one HTTP connection (its script, kernel, initrd), so a
+//! reclaim far larger than the transfer rate can serve never stacks its nodes up to
+//! pxed's connection cap, where the surplus would be answered `503 busy` and firmware
+//! would give up after its few retries (5,000 nodes in `bench/storm.sh`, Dec 4). The
+//! wait is bounded ([`BOOT_WAIT_MAX`]): a power-on is delayed, never dropped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::metrics::{Counter, Gauge, Histogram, Render, sample};
@@ -164,6 +176,85 @@ impl Pacer {
     }
 }
 
+/// The longest a power-on waits for a booting node to reach its installer; after it,
+/// the power-on goes anyway (counted in [`Stats::boot_wait_expired`]). Well inside the
+/// `reclaiming` deadline (5 min by default), which the wait counts against.
+pub const BOOT_WAIT_MAX: Duration = Duration::from_secs(120);
+
+/// A node counted as booting longer than this is counted no more: one whose installer
+/// never called and whose state change this instance did not see (taken over by
+/// another instance) must not hold a place for ever.
+pub const BOOTING_MAX_AGE: Duration = Duration::from_secs(30 * 60);
+
+/// The nodes booting now, each holding one place of the `max_booting` gate (see the
+/// module documentation). In memory only: after a restart nothing is booting and the
+/// gate fills again from the power-ons that follow.
+#[derive(Debug)]
+pub struct Booting {
+    limit: u32,
+    gate: Arc<Semaphore>,
+    held: HashMap<i64, (OwnedSemaphorePermit, Instant)>,
+}
+
+impl Booting {
+    /// At most `limit` nodes booting at once; 0: no limit.
+    pub fn new(limit: u32) -> Booting {
+        Booting {
+            limit,
+            gate: Arc::new(Semaphore::new(limit as usize)),
+            held: HashMap::new(),
+        }
+    }
+
+    /// The limit in force (0: none).
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Replaces the limit (configuration reloaded). Nodes booting under the old limit
+    /// keep their places, which go back to the old gate; the new gate starts with all
+    /// of its places free, so a reload can let up to the old count through beside it.
+    pub fn set_limit(&mut self, limit: u32) {
+        if limit != self.limit {
+            self.limit = limit;
+            self.gate = Arc::new(Semaphore::new(limit as usize));
+        }
+    }
+
+    /// The gate node `id`'s power-on must pass, or `None` when it goes at once: no
+    /// limit, or the node is booting already (a retried power cycle keeps its place).
+    /// Forgets nodes booting longer than [`BOOTING_MAX_AGE`] first.
+    pub fn gate_for(&mut self, id: i64, now: Instant) -> Option<Arc<Semaphore>> {
+        self.held
+            .retain(|_, (_, since)| now.saturating_duration_since(*since) < BOOTING_MAX_AGE);
+        if self.limit == 0 || self.held.contains_key(&id) {
+            return None;
+        }
+        Some(self.gate.clone())
+    }
+
+    /// Node `id` is booting from `now`, holding `place`.
+    pub fn hold(&mut self, id: i64, place: OwnedSemaphorePermit, now: Instant) {
+        self.held.insert(id, (place, now));
+    }
+
+    /// Node `id` reached its installer or left the reinstall: its place is free.
+    /// Whether it held one.
+    pub fn done(&mut self, id: i64) -> bool {
+        self.held.remove(&id).is_some()
+    }
+
+    /// Nodes booting now.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether no node is booting.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
 /// Upper bounds (seconds) of the power-on wait: one wave interval is seconds, the last
 /// wave of a thousand-node reclaim minutes.
 pub const WAIT_BUCKETS: &[f64] = &[
@@ -181,6 +272,12 @@ pub struct Stats {
     pub delayed: Counter,
     /// Time from asking to going, per granted power cycle (0 when not delayed).
     pub wait: Histogram,
+    /// Nodes booting now (see [`Booting`]).
+    pub booting: Gauge,
+    /// Power cycles that waited for a booting node to reach its installer.
+    pub boot_delayed: Counter,
+    /// Power cycles that went after [`BOOT_WAIT_MAX`] with every place still taken.
+    pub boot_wait_expired: Counter,
 }
 
 impl Default for Stats {
@@ -194,6 +291,9 @@ impl Default for Stats {
                 "Time a reinstall's power cycle waited for its wave (0 when it went at once)",
                 WAIT_BUCKETS,
             ),
+            booting: Gauge::default(),
+            boot_delayed: Counter::default(),
+            boot_wait_expired: Counter::default(),
         }
     }
 }
@@ -220,6 +320,27 @@ impl Render for Stats {
             "Power cycles that waited for a later power-on wave",
             "counter",
             self.delayed.get(),
+        );
+        sample(
+            out,
+            "pxed_power_on_booting",
+            "Nodes powered on by a reinstall that have not reached their installer yet",
+            "gauge",
+            self.booting.get(),
+        );
+        sample(
+            out,
+            "pxed_power_on_boot_delayed_total",
+            "Power cycles that waited for a booting node to reach its installer (pacing.max_booting)",
+            "counter",
+            self.boot_delayed.get(),
+        );
+        sample(
+            out,
+            "pxed_power_on_boot_wait_expired_total",
+            "Power cycles that went after the longest wait with every booting place still taken",
+            "counter",
+            self.boot_wait_expired.get(),
         );
         self.wait.render(out);
     }
@@ -436,5 +557,40 @@ mod tests {
         ] {
             assert!(out.lines().any(|l| l == line), "{line} not in\n{out}");
         }
+    }
+
+    /// Two places: two nodes take them, a third finds the gate shut until one of them
+    /// is done; a node already booting never waits again; a place held past
+    /// BOOTING_MAX_AGE is forgotten; 0 is no limit; a new limit is a new gate.
+    #[test]
+    fn booting_places_are_taken_given_back_and_aged_out() {
+        let t0 = Instant::now();
+        let mut b = Booting::new(2);
+        for id in [1, 2] {
+            let gate = b.gate_for(id, t0).expect("a limit");
+            b.hold(id, gate.try_acquire_owned().expect("a free place"), t0);
+        }
+        assert_eq!(b.len(), 2);
+        assert!(b.gate_for(1, t0).is_none(), "node 1 is booting already");
+        let gate = b.gate_for(3, t0).expect("a limit");
+        assert!(
+            gate.clone().try_acquire_owned().is_err(),
+            "both places taken"
+        );
+        assert!(b.done(1));
+        assert!(!b.done(1), "given back once");
+        let place = gate.try_acquire_owned().expect("node 1's place");
+        b.hold(3, place, t0);
+        // Nodes 2 and 3 never called: after BOOTING_MAX_AGE their places are free.
+        let later = t0 + BOOTING_MAX_AGE + Duration::from_secs(1);
+        let gate = b.gate_for(4, later).expect("a limit");
+        assert!(b.is_empty(), "aged out");
+        assert_eq!(gate.available_permits(), 2);
+
+        let mut none = Booting::new(0);
+        assert!(none.gate_for(1, t0).is_none(), "0: no limit");
+        none.set_limit(1);
+        let g = none.gate_for(1, t0).expect("a limit now");
+        assert_eq!((none.limit(), g.available_permits()), (1, 1));
     }
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::apply::{self, Applied, ApplyError, Hooks};
-use super::pacing::{self, Decision, Group, Pacer, Waves};
+use super::pacing::{self, Booting, Decision, Group, Pacer, Waves};
 use super::transition::{BmcStep, Effect, Event, NetbootMethod, Outcome, Policy, State};
 use crate::bmc::{self, Bmc, BmcEndpoint, BmcError, NextBoot, Secret, TlsPolicy};
 use crate::metrics::CounterFamily;
@@ -236,6 +236,9 @@ pub struct Lifecycle {
     /// restart loses the waves, and each interrupted power cycle simply asks again
     /// (waves restart from then, which paces the resumed burst as well).
     pacer: Mutex<Pacer>,
+    /// Nodes powered on and not yet at their installer: at most `pacing.max_booting`
+    /// (see [`pacing::Booting`]). In memory only, like the waves.
+    booting: Mutex<Booting>,
     /// Waiting, granted and delayed power cycles (`/metrics`, registered in
     /// `AppState::renders`).
     pub pacing: Arc<pacing::Stats>,
@@ -255,8 +258,11 @@ pub struct Lifecycle {
 struct Paced {
     group: Group,
     wave: u64,
-    /// How long the power cycle waited for its wave (zero: it went at once).
+    /// How long the power cycle waited for its wave and for a booting place, in all
+    /// (zero: it went at once).
     waited: Duration,
+    /// The part of `waited` spent waiting for a booting node to reach its installer.
+    boot_waited: Duration,
 }
 
 /// A committed change, published to the status page's live stream.
@@ -316,6 +322,7 @@ impl Lifecycle {
             ),
             boot_loops: Default::default(),
             pacer: Mutex::new(Pacer::new(Waves::default())),
+            booting: Mutex::new(Booting::new(crate::config::Pacing::default().max_booting)),
             pacing: Arc::default(),
             owner: format!(
                 "{}:{}:{:08x}",
@@ -445,6 +452,76 @@ impl Lifecycle {
         self.pacer.lock().expect("lock").waves().clone()
     }
 
+    /// Sets how many nodes may boot at once (`pacing.max_booting`, already capped by
+    /// the caller to what the HTTP connection cap can hold); 0: no limit.
+    pub fn set_max_booting(&self, limit: u32) {
+        self.booting.lock().expect("lock").set_limit(limit);
+    }
+
+    /// The booting limit in force (0: none).
+    pub fn max_booting(&self) -> u32 {
+        self.booting.lock().expect("lock").limit()
+    }
+
+    /// Node `id` reached its installer (fetched its installer configuration, or its
+    /// deploy agent asked for its plan) or left the reinstall: its booting place, if
+    /// it held one, goes to the next power-on waiting.
+    pub fn booted(&self, id: i64) {
+        let mut b = self.booting.lock().expect("lock");
+        if b.done(id) {
+            self.pacing.booting.set(b.len() as i64);
+        }
+    }
+
+    /// Waits for a booting place for node `id` (none while the limit is reached; see
+    /// [`pacing::Booting`]) and takes it. Returns how long it waited. A node booting
+    /// already, or no limit, goes at once; after [`pacing::BOOT_WAIT_MAX`] it goes
+    /// without a place.
+    async fn take_booting_place(&self, id: i64) -> Duration {
+        let Some(gate) = self
+            .booting
+            .lock()
+            .expect("lock")
+            .gate_for(id, tokio::time::Instant::now())
+        else {
+            return Duration::ZERO;
+        };
+        let asked = tokio::time::Instant::now();
+        let (place, waited) = match gate.clone().try_acquire_owned() {
+            Ok(p) => (Some(p), Duration::ZERO),
+            Err(_) => {
+                self.pacing.boot_delayed.inc();
+                let _waiting = pacing::Waiting::new(self.pacing.clone());
+                tracing::info!(
+                    node = id,
+                    max_booting = self.max_booting(),
+                    "power-on paced: waiting for a booting node to reach its installer"
+                );
+                let place =
+                    match tokio::time::timeout(pacing::BOOT_WAIT_MAX, gate.acquire_owned()).await {
+                        Ok(Ok(p)) => Some(p),
+                        // Timed out (a semaphore is never closed here): go without one.
+                        _ => {
+                            self.pacing.boot_wait_expired.inc();
+                            tracing::warn!(
+                                node = id,
+                                waited_s = pacing::BOOT_WAIT_MAX.as_secs(),
+                                "power-on paced: every booting place still taken; powering on"
+                            );
+                            None
+                        }
+                    };
+                (place, asked.elapsed())
+            }
+        };
+        if let Some(place) = place {
+            let mut b = self.booting.lock().expect("lock");
+            b.hold(id, place, tokio::time::Instant::now());
+            self.pacing.booting.set(b.len() as i64);
+        }
+        waited
+    }
+
     /// Waits until the pacer lets node `id` power on. Holds no transaction and no
     /// lock while it waits; cancelled with the step (shutdown), it leaves nothing
     /// behind but a reserved slot in memory.
@@ -468,16 +545,20 @@ impl Lifecycle {
             tracing::info!(node = id, wave, group = ?group, wait_ms = (until - asked).as_millis() as u64, "power-on paced: waiting for its wave");
             tokio::time::sleep_until(until).await;
         }
-        let waited = asked.elapsed();
+        let wave_waited = match decision {
+            Decision::Go { .. } => Duration::ZERO,
+            Decision::Wait { .. } => asked.elapsed(),
+        };
+        let boot_waited = self.take_booting_place(id).await;
         self.pacing.granted.inc();
-        self.pacing.wait.observe(waited.as_secs_f64());
+        self.pacing
+            .wait
+            .observe((wave_waited + boot_waited).as_secs_f64());
         Paced {
             group,
             wave: decision.wave(),
-            waited: match decision {
-                Decision::Go { .. } => Duration::ZERO,
-                Decision::Wait { .. } => waited,
-            },
+            waited: wave_waited + boot_waited,
+            boot_waited,
         }
     }
 
@@ -490,11 +571,18 @@ impl Lifecycle {
             Some(v) => format!(" ({v})"),
             None => String::new(),
         };
-        let detail = format!(
+        let mut detail = format!(
             "power-on paced: wave {}{group}, waited {:.1} s",
             paced.wave,
             paced.waited.as_secs_f64()
         );
+        if !paced.boot_waited.is_zero() {
+            detail.push_str(&format!(
+                ", {:.1} s of it for a booting node to reach its installer (max_booting {})",
+                paced.boot_waited.as_secs_f64(),
+                self.max_booting()
+            ));
+        }
         match self.store.node(id).await {
             Ok(Some(n)) if n.generation == generation => {
                 if let Err(e) = self
@@ -567,6 +655,14 @@ impl Lifecycle {
 
     /// Publishes a change (also used for registrations and deletions).
     pub fn notify(&self, id: i64, event: &str, state: State) {
+        if matches!(event, "deleted" | "deploy_started")
+            || !matches!(
+                state,
+                State::Reclaiming | State::Netbooting | State::Installing
+            )
+        {
+            self.booted(id);
+        }
         // No subscribers is fine: nobody is watching the status page.
         let _ = self.changes.send(NodeChange {
             node_id: id,
@@ -892,6 +988,7 @@ impl Lifecycle {
             Claim::NotHeld => {
                 tracing::warn!(node = id, %step, "another instance answers for the node now: BMC step not sent here");
                 self.release(paced.as_ref());
+                self.booted(id);
                 return;
             }
         };

@@ -2296,6 +2296,95 @@ async fn reinstall_power_cycles_go_in_waves() {
     }
 }
 
+/// Issue 14, pacing by load (`pacing.max_booting`): with two booting places and no
+/// waves, three reinstalls asked at once power on two machines; the third waits while
+/// the other two boot, still waits once one of them has fetched its boot script (its
+/// kernel and initrd are yet to come), and powers on when that one's installer fetches
+/// its kickstart. The wait is counted and written into the third node's timeline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_power_on_waits_for_a_booting_node_to_reach_its_installer() {
+    let h = Harness::new(
+        &[
+            ("PXED_PACING__MAX_BOOTING", "2"),
+            ("PXED_PACING__POWER_ON_WAVE_SIZE", "0"),
+            // No second power cycle from a netboot that is "not observed" meanwhile.
+            ("PXED_LIFECYCLE__NETBOOT_OBSERVE", "10m"),
+        ],
+        RecordingBmc::default(),
+    )
+    .await;
+    let macs = [
+        "52:54:00:14:01:00",
+        "52:54:00:14:01:01",
+        "52:54:00:14:01:02",
+    ];
+    let mut ids = Vec::new();
+    for mac in macs {
+        ids.push(h.register(mac).await);
+    }
+    let asked = futures::future::join_all(
+        ids.iter()
+            .map(|id| h.node_post(*id, "reinstall", Some(json!({"image": "rocky-9"})))),
+    )
+    .await;
+    assert!(asked.iter().all(|(s, _)| *s == 202), "{asked:?}");
+    let states = async || {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(h.node(*id).await["state"].as_str().unwrap().to_string());
+        }
+        v
+    };
+    let two = poll(Duration::from_secs(20), async || {
+        let s = states().await;
+        (s.iter().filter(|s| *s == "netbooting").count() == 2).then_some(s)
+    })
+    .await
+    .expect("two nodes netbooting");
+    let waiting = two
+        .iter()
+        .position(|s| s == "reclaiming")
+        .expect("one waits");
+    let first = (0..3).find(|i| *i != waiting).unwrap();
+    let cycles = || h.bmc.cycled_at.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(cycles(), 2, "the third power-on waits for a booting place");
+    assert_eq!(h.node(ids[waiting]).await["state"], "reclaiming");
+    h.assert_metrics(&[
+        "pxed_power_on_booting 2",
+        "pxed_power_on_waiting 1",
+        "pxed_power_on_boot_delayed_total 1",
+    ])
+    .await;
+
+    // The boot script alone (installing now, kernel and initrd to come) frees nothing.
+    let (s, script) = h.get_text(&format!("/boot/{}.ipxe", macs[first])).await;
+    assert_eq!(s, 200, "{script}");
+    let token = token_from_script(&script);
+    h.wait_state(ids[first], "installing").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(cycles(), 2, "a node at its boot script is still booting");
+
+    // Its installer asks for the kickstart: the place goes to the waiting power-on.
+    let (s, ks) = h.get_text(&format!("/cfg/{token}/kickstart")).await;
+    assert_eq!(s, 200, "{ks}");
+    h.wait_state(ids[waiting], "netbooting").await;
+    assert_eq!(cycles(), 3);
+    h.assert_metrics(&[
+        "pxed_power_on_booting 2",
+        "pxed_power_on_waiting 0",
+        "pxed_power_on_boot_delayed_total 1",
+        "pxed_power_on_boot_wait_expired_total 0",
+    ])
+    .await;
+    let notes = audit(&h, ids[waiting], "power_on_paced").await;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("s of it for a booting node to reach its installer (max_booting 2)"),
+        "{notes:?}"
+    );
+}
+
 /// Waits until the power cycle reached the (recording) BMC.
 async fn power_cycle_sent(h: &Harness) {
     until(
