@@ -24,6 +24,7 @@
 #        KERNEL_MB=10 INITRD_MB=60           file sizes
 #        WAVE_SIZE=250 WAVE_INTERVAL=2       pxed's power-on waves ([pacing])
 #        MAX_FIRST_STAGE=64 MAX_STREAMS=128  pxed's transfer slots ([pacing])
+#        MAX_BOOTING=1024                    pxed's booting places ([pacing] max_booting; 0: off)
 #        FLOOR_STREAMS=64 FLOOR_PAIRS=200    the floor measurement
 #        BMC_NET=10.77.64.0                  node i's BMC at this address + i (inside
 #                                            10.77.64.0/18, which the client side routes to
@@ -124,6 +125,7 @@ pxed_env() {
     PXED_PACING__POWER_ON_WAVE_INTERVAL_SECS="${WAVE_INTERVAL:-2}" \
     PXED_PACING__MAX_FIRST_STAGE="${MAX_FIRST_STAGE:-64}" \
     PXED_PACING__MAX_STREAMS="${MAX_STREAMS:-128}" \
+    PXED_PACING__MAX_BOOTING="${MAX_BOOTING:-1024}" \
     PXED_BMC__POLL_INTERVAL=250ms
 }
 

@@ -288,7 +288,7 @@ impl Default for Stats {
             delayed: Counter::default(),
             wait: Histogram::new(
                 "pxed_power_on_wait_seconds",
-                "Time a reinstall's power cycle waited for its wave (0 when it went at once)",
+                "Time a reinstall's power cycle waited for its wave and a booting place (0 when it went at once)",
                 WAIT_BUCKETS,
             ),
             booting: Gauge::default(),
