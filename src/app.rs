@@ -228,7 +228,13 @@ pub async fn run(
     let cfg = Arc::new(cfg);
     preflight(&cfg)?;
     let nofile = crate::net::raise_fd_limit();
-    tracing::info!(nofile, http = ?crate::net::ConnLimits::for_fd_limit(nofile), "open-files limit");
+    let http = crate::net::ConnLimits::for_fd_limit(nofile);
+    tracing::info!(
+        nofile,
+        ?http,
+        max_booting = cfg.pacing.max_booting_within(http),
+        "open-files limit"
+    );
     let store = Store::open_configured(&cfg.data_dir, cfg.database_url.as_deref())
         .await
         .with_context(|| match &cfg.database_url {
