@@ -303,7 +303,7 @@ impl Render for Stats {
         sample(
             out,
             "pxed_power_on_waiting",
-            "Power cycles waiting for their power-on wave",
+            "Power cycles waiting for their power-on wave or a booting place",
             "gauge",
             self.waiting.get(),
         );

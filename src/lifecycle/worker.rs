@@ -263,6 +263,9 @@ struct Paced {
     waited: Duration,
     /// The part of `waited` spent waiting for a booting node to reach its installer.
     boot_waited: Duration,
+    /// This power cycle took a booting place (the node held none before): given back
+    /// if the cycle is not sent.
+    took_place: bool,
 }
 
 /// A committed change, published to the status page's live stream.
@@ -474,17 +477,17 @@ impl Lifecycle {
     }
 
     /// Waits for a booting place for node `id` (none while the limit is reached; see
-    /// [`pacing::Booting`]) and takes it. Returns how long it waited. A node booting
-    /// already, or no limit, goes at once; after [`pacing::BOOT_WAIT_MAX`] it goes
-    /// without a place.
-    async fn take_booting_place(&self, id: i64) -> Duration {
+    /// [`pacing::Booting`]) and takes it. Returns how long it waited and whether it
+    /// took a place. A node booting already, or no limit, goes at once; after
+    /// [`pacing::BOOT_WAIT_MAX`] it goes without a place.
+    async fn take_booting_place(&self, id: i64) -> (Duration, bool) {
         let Some(gate) = self
             .booting
             .lock()
             .expect("lock")
             .gate_for(id, tokio::time::Instant::now())
         else {
-            return Duration::ZERO;
+            return (Duration::ZERO, false);
         };
         let asked = tokio::time::Instant::now();
         let (place, waited) = match gate.clone().try_acquire_owned() {
@@ -514,12 +517,13 @@ impl Lifecycle {
                 (place, asked.elapsed())
             }
         };
+        let took = place.is_some();
         if let Some(place) = place {
             let mut b = self.booting.lock().expect("lock");
             b.hold(id, place, tokio::time::Instant::now());
             self.pacing.booting.set(b.len() as i64);
         }
-        waited
+        (waited, took)
     }
 
     /// Waits until the pacer lets node `id` power on. Holds no transaction and no
@@ -549,7 +553,7 @@ impl Lifecycle {
             Decision::Go { .. } => Duration::ZERO,
             Decision::Wait { .. } => asked.elapsed(),
         };
-        let boot_waited = self.take_booting_place(id).await;
+        let (boot_waited, took_place) = self.take_booting_place(id).await;
         self.pacing.granted.inc();
         self.pacing
             .wait
@@ -559,6 +563,7 @@ impl Lifecycle {
             wave: decision.wave(),
             waited: wave_waited + boot_waited,
             boot_waited,
+            took_place,
         }
     }
 
@@ -964,7 +969,7 @@ impl Lifecycle {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(node = id, %step, error = %e, "recording BMC step; not sent (the reclaiming deadline retries)");
-                self.release(paced.as_ref());
+                self.give_back(id, paced.as_ref());
                 return;
             }
         };
@@ -982,7 +987,7 @@ impl Lifecycle {
             }
             Claim::NotCurrent => {
                 tracing::debug!(node = id, %step, "BMC step no longer current; skipped");
-                self.release(paced.as_ref());
+                self.give_back(id, paced.as_ref());
                 return;
             }
             Claim::NotHeld => {
@@ -1028,6 +1033,16 @@ impl Lifecycle {
     fn release(&self, paced: Option<&Paced>) {
         if let Some(p) = paced {
             self.pacer.lock().expect("lock").release(&p.group, p.wave);
+        }
+    }
+
+    /// A power cycle that will not be sent: gives back its wave slot, and the booting
+    /// place it took (the node left the reinstall or moved on while it waited; a place
+    /// it held from before stays with the attempt that holds it).
+    fn give_back(&self, id: i64, paced: Option<&Paced>) {
+        self.release(paced);
+        if paced.is_some_and(|p| p.took_place) {
+            self.booted(id);
         }
     }
 

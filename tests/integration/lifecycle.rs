@@ -2300,7 +2300,8 @@ async fn reinstall_power_cycles_go_in_waves() {
 /// waves, three reinstalls asked at once power on two machines; the third waits while
 /// the other two boot, still waits once one of them has fetched its boot script (its
 /// kernel and initrd are yet to come), and powers on when that one's installer fetches
-/// its kickstart. The wait is counted and written into the third node's timeline.
+/// its kickstart. The wait is counted and written into the third node's timeline. A
+/// fourth, failed while it waits, powers nothing on and holds no place.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_power_on_waits_for_a_booting_node_to_reach_its_installer() {
     let h = Harness::new(
@@ -2383,6 +2384,44 @@ async fn a_power_on_waits_for_a_booting_node_to_reach_its_installer() {
         notes[0].contains("s of it for a booting node to reach its installer (max_booting 2)"),
         "{notes:?}"
     );
+
+    // A fourth reinstall waits too, and is failed by the operator while it waits. When
+    // the other booting node reaches its installer, the fourth's power cycle takes the
+    // place, finds its reinstall gone, sends nothing and gives the place back.
+    let fourth = h.register("52:54:00:14:01:03").await;
+    let (s, v) = h
+        .node_post(fourth, "reinstall", Some(json!({"image": "rocky-9"})))
+        .await;
+    assert_eq!(s, 202, "{v}");
+    poll(Duration::from_secs(20), async || {
+        let m = h.get_text("/metrics").await.1;
+        m.lines()
+            .any(|l| l == "pxed_power_on_boot_delayed_total 2")
+            .then_some(())
+    })
+    .await
+    .expect("the fourth power-on waits for a place");
+    let (s, v) = h
+        .node_post(fourth, "actions/fail", Some(json!({"reason": "pulled"})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let other = (0..3).find(|i| *i != waiting && *i != first).unwrap();
+    let (_, script) = h.get_text(&format!("/boot/{}.ipxe", macs[other])).await;
+    let token = token_from_script(&script);
+    let (s, ks) = h.get_text(&format!("/cfg/{token}/kickstart")).await;
+    assert_eq!(s, 200, "{ks}");
+    poll(Duration::from_secs(20), async || {
+        let m = h.get_text("/metrics").await.1;
+        m.lines()
+            .any(|l| l == "pxed_power_on_waiting 0")
+            .then_some(())
+    })
+    .await
+    .expect("the fourth power cycle done waiting");
+    // Only the third node boots now; the fourth was never powered on.
+    h.assert_metrics(&["pxed_power_on_booting 1"]).await;
+    assert_eq!(cycles(), 3);
+    assert_eq!(h.node(fourth).await["state"], "failed");
 }
 
 /// Waits until the power cycle reached the (recording) BMC.
