@@ -485,9 +485,9 @@ pub struct Pacing {
     pub power_on_wave_interval_secs: u64,
     /// The label whose values are the groups (`None`: one group for all nodes).
     pub power_on_wave_by_label: Option<String>,
-    /// Nodes powered on by a reinstall and still booting (reclaiming or netbooting: not
-    /// yet at their installer or deploy agent) before a further power-on waits for one
-    /// to get there; 0: no limit. Never above half the HTTP connection cap
+    /// Nodes powered on by a reinstall and still booting (not yet at their installer's
+    /// configuration or their deploy agent's plan) before a further power-on waits for
+    /// one to get there; 0: no limit. Never above half the HTTP connection cap
     /// (`net::ConnLimits`), since each booting node holds about one connection.
     pub max_booting: u32,
     /// Nice steps the threads that send kernels, initrds and images run below the rest

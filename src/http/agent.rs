@@ -361,6 +361,8 @@ async fn deploy_plan(
             &format!("plan for image {}", plan.image.name),
         )
         .await?;
+    // The deploy agent is running: the node no longer counts as booting.
+    st.lifecycle.booted(n.id);
     st.lifecycle.notify(n.id, "deploy_started", n.state);
     Ok(Json(plan).into_response())
 }

@@ -445,6 +445,7 @@ async fn delete_node(
     st.store.delete_node(n.id, "api").await?;
     // If the machine netboots again it is discovered anew.
     st.forget_macs(&macs);
+    st.lifecycle.booted(n.id);
     st.lifecycle.notify(n.id, "deleted", n.state);
     Ok(StatusCode::NO_CONTENT)
 }

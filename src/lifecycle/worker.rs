@@ -458,22 +458,28 @@ impl Lifecycle {
     /// Sets how many nodes may boot at once (`pacing.max_booting`, already capped by
     /// the caller to what the HTTP connection cap can hold); 0: no limit.
     pub fn set_max_booting(&self, limit: u32) {
-        self.booting.lock().expect("lock").set_limit(limit);
+        self.with_booting(|b| b.set_limit(limit));
     }
 
     /// The booting limit in force (0: none).
     pub fn max_booting(&self) -> u32 {
-        self.booting.lock().expect("lock").limit()
+        self.with_booting(|b| b.limit())
+    }
+
+    /// Runs `f` on the booting places, then sets `pxed_power_on_booting` to their count
+    /// (every change, aging out included, goes through here).
+    fn with_booting<R>(&self, f: impl FnOnce(&mut Booting) -> R) -> R {
+        let mut b = self.booting.lock().expect("lock");
+        let r = f(&mut b);
+        self.pacing.booting.set(b.len() as i64);
+        r
     }
 
     /// Node `id` reached its installer (fetched its installer configuration, or its
     /// deploy agent asked for its plan) or left the reinstall: its booting place, if
     /// it held one, goes to the next power-on waiting.
     pub fn booted(&self, id: i64) {
-        let mut b = self.booting.lock().expect("lock");
-        if b.done(id) {
-            self.pacing.booting.set(b.len() as i64);
-        }
+        self.with_booting(|b| b.done(id));
     }
 
     /// Waits for a booting place for node `id` (none while the limit is reached; see
@@ -481,12 +487,7 @@ impl Lifecycle {
     /// took a place. A node booting already, or no limit, goes at once; after
     /// [`pacing::BOOT_WAIT_MAX`] it goes without a place.
     async fn take_booting_place(&self, id: i64) -> (Duration, bool) {
-        let Some(gate) = self
-            .booting
-            .lock()
-            .expect("lock")
-            .gate_for(id, tokio::time::Instant::now())
-        else {
+        let Some(gate) = self.with_booting(|b| b.gate_for(id, tokio::time::Instant::now())) else {
             return (Duration::ZERO, false);
         };
         let asked = tokio::time::Instant::now();
@@ -519,9 +520,7 @@ impl Lifecycle {
         };
         let took = place.is_some();
         if let Some(place) = place {
-            let mut b = self.booting.lock().expect("lock");
-            b.hold(id, place, tokio::time::Instant::now());
-            self.pacing.booting.set(b.len() as i64);
+            self.with_booting(|b| b.hold(id, place, tokio::time::Instant::now()));
         }
         (waited, took)
     }
@@ -658,14 +657,13 @@ impl Lifecycle {
         Ok(applied)
     }
 
-    /// Publishes a change (also used for registrations and deletions).
+    /// Publishes a change (also used for registrations and deletions). A node out of
+    /// the reinstall's states no longer counts as booting.
     pub fn notify(&self, id: i64, event: &str, state: State) {
-        if matches!(event, "deleted" | "deploy_started")
-            || !matches!(
-                state,
-                State::Reclaiming | State::Netbooting | State::Installing
-            )
-        {
+        if !matches!(
+            state,
+            State::Reclaiming | State::Netbooting | State::Installing
+        ) {
             self.booted(id);
         }
         // No subscribers is fine: nobody is watching the status page.
