@@ -29,6 +29,7 @@
 #        BMC_NET=10.77.64.0                  node i's BMC at this address + i (inside
 #                                            10.77.64.0/18, which the client side routes to
 #                                            itself); empty: every BMC at the client's one address
+#        BMC_POLL=250ms                      pxed's power-state polls ([bmc] poll_interval; its default 2s)
 #        NEIGH=1                             raise the server netns' ARP table limits
 #        PXED_BIN=/path/to/pxed              run that build (default: cargo build --release);
 #                                            an A/B of two builds on one machine
@@ -126,7 +127,7 @@ pxed_env() {
     PXED_PACING__MAX_FIRST_STAGE="${MAX_FIRST_STAGE:-64}" \
     PXED_PACING__MAX_STREAMS="${MAX_STREAMS:-128}" \
     PXED_PACING__MAX_BOOTING="${MAX_BOOTING:-1024}" \
-    PXED_BMC__POLL_INTERVAL=250ms
+    PXED_BMC__POLL_INTERVAL="${BMC_POLL:-250ms}"
 }
 
 # run_pxed N MODE
