@@ -117,6 +117,32 @@ pub enum NodeCmd {
     /// Wait until a node reaches a state (exit 0), or say why not: it went failed (3)
     /// or quarantined (4), with pxed's reason, or the timeout passed (5).
     Wait(WaitArgs),
+    /// Enroll a discovered node: it becomes available.
+    Enroll(ActionArgs),
+    /// Mark an available node allocated (handed out; a reclaim hook reinstalls it).
+    Allocate(ActionArgs),
+    /// Return an allocated node to available without reinstalling it.
+    Release(ActionArgs),
+    /// Take a node out of service, with the reason technicians will see; a reinstall
+    /// in flight stops.
+    Quarantine(ReasonArgs),
+    /// Return a quarantined node to available.
+    Restore(ActionArgs),
+    /// Mark a node failed, with the reason technicians will see.
+    Fail(ReasonArgs),
+    /// Show a node's labels, or replace them (`--set rack=r12 --set row=b`, `--clear`).
+    Labels {
+        /// Node (id, name, hostname or MAC).
+        node: String,
+        /// A label `KEY=VALUE`; repeatable. All of them replace the node's labels.
+        #[arg(long = "set", value_parser = parse_label, conflicts_with = "clear")]
+        set: Vec<(String, String)>,
+        /// Remove every label.
+        #[arg(long)]
+        clear: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// A node's hardware inventory, its profile, and what changed since its baseline.
     Inventory {
         node: String,
@@ -143,6 +169,27 @@ pub enum NodeCmd {
     },
     /// Nodes whose newest inventory has the hardware asked for.
     Query(hw::QueryArgs),
+}
+
+/// An operator's lifecycle action on one node (`POST /api/v1/nodes/{id}/actions/…`).
+#[derive(Args, Debug)]
+pub struct ActionArgs {
+    /// Node (id, name, hostname or MAC).
+    node: String,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+/// An operator's action that records why: the board, `node show` and `node wait` say it.
+#[derive(Args, Debug)]
+pub struct ReasonArgs {
+    /// Node (id, name, hostname or MAC).
+    node: String,
+    /// Why (e.g. `DIMM B2 errors, ticket 4711`).
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    api: ApiArgs,
 }
 
 pub use hw::ProfileCmd;
@@ -359,6 +406,15 @@ pub enum BmcCmd {
         node: Option<String>,
         #[command(flatten)]
         direct: DirectBmc,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Power-cycle a registered node through its BMC (for a machine that hangs; its
+    /// state does not change and the audit log records it; a reinstall power-cycles
+    /// by itself).
+    PowerCycle {
+        /// Node (id, name, hostname or MAC).
+        node: String,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -747,6 +803,30 @@ fn read_key_file(path: &Path) -> Result<Vec<String>, ClientError> {
 async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
     use reqwest::Method;
     match cmd {
+        NodeCmd::Labels {
+            node,
+            set,
+            clear,
+            api: a,
+        } => {
+            let api = Api::new(&a)?;
+            let path = format!("/nodes/{node}/labels");
+            let labels: crate::store::board::Labels = if clear || !set.is_empty() {
+                let body =
+                    serde_json::to_value(set.into_iter().collect::<crate::store::board::Labels>())
+                        .map_err(|e| ClientError::Other(e.to_string()))?;
+                api.call(Method::PUT, &path, Some(body), &[]).await?
+            } else {
+                api.call(Method::GET, &path, None, &[]).await?
+            };
+            if a.json {
+                print_json(&labels);
+            } else {
+                for (k, v) in &labels {
+                    println!("{k}={v}");
+                }
+            }
+        }
         NodeCmd::Inventory {
             node,
             generation,
@@ -975,6 +1055,40 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
             }
         }
         NodeCmd::Wait(_) => unreachable!("run_node runs wait"),
+        NodeCmd::Enroll(a) => node_action("enroll", &a.node, None, &a.api).await?,
+        NodeCmd::Allocate(a) => node_action("allocate", &a.node, None, &a.api).await?,
+        NodeCmd::Release(a) => node_action("release", &a.node, None, &a.api).await?,
+        NodeCmd::Restore(a) => node_action("restore", &a.node, None, &a.api).await?,
+        NodeCmd::Quarantine(a) => {
+            node_action("quarantine", &a.node, Some(&a.reason), &a.api).await?
+        }
+        NodeCmd::Fail(a) => node_action("fail", &a.node, Some(&a.reason), &a.api).await?,
+    }
+    Ok(())
+}
+
+/// `POST /api/v1/nodes/{node}/actions/{action}` (with the reason, if any); prints the
+/// node as it is after it.
+async fn node_action(
+    action: &str,
+    node: &str,
+    reason: Option<&str>,
+    a: &ApiArgs,
+) -> Result<(), ClientError> {
+    let api = Api::new(a)?;
+    let body = reason.map(|r| serde_json::json!({ "reason": r }));
+    let v: NodeView = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/nodes/{node}/actions/{action}"),
+            body,
+            &[],
+        )
+        .await?;
+    if a.json {
+        print_json(&v);
+    } else {
+        table(NODE_HEADERS, vec![node_row(&v)]);
     }
     Ok(())
 }
@@ -1150,11 +1264,27 @@ pub fn run_bmc(cmd: BmcCmd) -> ExitCode {
 }
 
 async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
-    let BmcCmd::Check {
-        node,
-        direct,
-        api: a,
-    } = cmd;
+    let (node, direct, a) = match cmd {
+        BmcCmd::Check { node, direct, api } => (node, direct, api),
+        BmcCmd::PowerCycle { node, api: a } => {
+            let api = Api::new(&a)?;
+            let v: NodeView = api
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/nodes/{node}/bmc/power-cycle"),
+                    None,
+                    &[],
+                )
+                .await?;
+            if a.json {
+                print_json(&v);
+            } else {
+                println!("node {}: power-cycled through its BMC", v.id);
+                table(NODE_HEADERS, vec![node_row(&v)]);
+            }
+            return Ok(());
+        }
+    };
     let report = match node {
         Some(node) => {
             let api = Api::new(&a)?;

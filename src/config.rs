@@ -1014,6 +1014,18 @@ impl DhcpFlags {
     }
 }
 
+/// `PXED_*` variables that are not config keys but are pxed's own: the CLI's
+/// (`PXED_URL`, `PXED_API_TOKEN`, `PXED_BMC_PASSWORD`, which the README has operators
+/// export) and the process's (`PXED_CONFIG`, `PXED_LOG`). Leaving them alone is not
+/// news, so [`Flags::load`] does not log them; any other name may be a typo and is.
+const OWN_VARIABLES: [&str; 5] = [
+    "PXED_CONFIG",
+    "PXED_LOG",
+    "PXED_URL",
+    "PXED_API_TOKEN",
+    "PXED_BMC_PASSWORD",
+];
+
 impl Flags {
     /// Loads the configuration these flags point at, with the process environment,
     /// and logs which `PXED_*` variables it left alone.
@@ -1021,7 +1033,7 @@ impl Flags {
         let (cfg, ignored) = self.load_with_env(std::env::vars())?;
         let ignored: Vec<String> = ignored
             .into_iter()
-            .filter(|v| !matches!(v.as_str(), "PXED_CONFIG" | "PXED_LOG"))
+            .filter(|v| !OWN_VARIABLES.contains(&v.as_str()))
             .collect();
         if !ignored.is_empty() {
             tracing::info!(

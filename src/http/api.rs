@@ -43,6 +43,14 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
             "/leftovers/{kind}/{subject}/resolve",
             post(super::leftovers::resolve),
         )
+        // After every route: it applies to the routes registered before it.
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on this path (the Allow header lists what is)"),
+            )
+        })
         .fallback(|| async { ApiError::not_found("API route") })
         .route_layer(axum::middleware::from_fn_with_state(state, auth))
 }

@@ -1196,6 +1196,20 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
     assert_eq!(r.status(), 413);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"], "too_large");
+    // A method the path does not take: 405 with a JSON reason and the Allow header.
+    let r = h
+        .http
+        .delete(url("/nodes"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let allow = r.headers()["allow"].to_str().unwrap().to_owned();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "method_not_allowed", "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("DELETE"), "{v}");
     // Names that would be shadowed by an id or a MAC.
     for name in ["42", "52-54-00-aa-bb-99", " "] {
         let (s, v) = h
