@@ -567,15 +567,26 @@ fn wire_rows(views: &[crate::wire::StageView]) -> Vec<WireRow> {
         .collect()
 }
 
+/// `/nodes/{id}`: `{id}` is what the API takes (the id, name, hostname or a MAC in any
+/// notation), so a technician can type the name from a label on the machine.
 async fn node_page(
     State(st): State<Arc<AppState>>,
-    Path(id): Path<i64>,
+    Path(reference): Path<String>,
 ) -> Result<Response, ApiError> {
-    let row = st
-        .store
-        .node(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("node {id}")))?;
+    let Some(row) = st.store.find_node(&reference).await? else {
+        // A page, not JSON: this is a browser. The reference is not echoed back.
+        return Ok((
+            axum::http::StatusCode::NOT_FOUND,
+            [(header::CACHE_CONTROL, "no-store")],
+            Html(
+                "<!doctype html><meta charset=\"utf-8\"><title>no such node</title>\
+                 <p>No node has that id, name, hostname or MAC. \
+                 <a href=\"/\">Back to the board</a>.</p>\n",
+            ),
+        )
+            .into_response());
+    };
+    let id = row.id;
     let mut events = st.store.events(id).await?;
     let log = st.store.install_log(id, row.generation, 50).await?;
     let bmc = st.store.bmc(id).await?;

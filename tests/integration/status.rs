@@ -118,6 +118,24 @@ fn status_page_shows_where_each_node_is_and_why_it_failed() {
         dom.contains("failed at available: disk 2 SMART errors"),
         "{dom}"
     );
+    // The same page by name and by MAC (what a technician reads off the machine).
+    for by in ["x86-b", "52-54-00-00-30-02"] {
+        let page = fetch_html(&d.url(&format!("/nodes/{by}")));
+        assert!(page.contains("<title>pxed: x86-b</title>"), "{by}: {page}");
+    }
+    // No such node: a 404 page for the browser, not a parser's message.
+    let (ok, out, _) = run(Command::new("curl").args([
+        "-s",
+        "-w",
+        "%{http_code} %{content_type}",
+        &d.url("/nodes/nosuch"),
+    ]));
+    assert!(ok);
+    assert!(out.ends_with("404 text/html; charset=utf-8"), "{out}");
+    assert!(
+        out.contains("No node has that id, name, hostname or MAC"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
