@@ -35,8 +35,8 @@ pub struct ApiArgs {
 /// `pxed node ...`.
 #[derive(Subcommand, Debug)]
 pub enum NodeCmd {
-    /// List nodes.
-    List(ApiArgs),
+    /// List nodes, filtered as the board is (`--state failed --label rack=r12`).
+    List(ListArgs),
     /// Show one node with its events (id, name, hostname or MAC).
     Show {
         node: String,
@@ -169,6 +169,47 @@ pub enum NodeCmd {
     },
     /// Nodes whose newest inventory has the hardware asked for.
     Query(hw::QueryArgs),
+}
+
+/// `pxed node list`'s filters: the API's and the board's, applied by the server.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Only nodes in this state.
+    #[arg(long)]
+    state: Option<crate::model::State>,
+    /// Only nodes of this arch (x86_64, arm64, unknown).
+    #[arg(long)]
+    arch: Option<NodeArch>,
+    /// Only nodes with this label: `KEY` or `KEY=VALUE`.
+    #[arg(long)]
+    label: Option<String>,
+    /// Only nodes with this in a MAC (any notation), the name or the hostname.
+    #[arg(long, short = 'q')]
+    query: Option<String>,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+impl ListArgs {
+    /// The filters as the API's query string (`state=failed&label=rack%3Dr12`).
+    fn query_string(&self) -> String {
+        let pairs = [
+            ("state", self.state.map(|s| s.to_string())),
+            ("arch", self.arch.map(|a| a.to_string())),
+            ("label", self.label.clone()),
+            ("q", self.query.clone()),
+        ];
+        pairs
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", enc(v))))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+}
+
+/// A query-string value, percent-encoded.
+fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// An operator's lifecycle action on one node (`POST /api/v1/nodes/{id}/actions/…`).
@@ -555,12 +596,16 @@ impl Api {
 }
 
 impl Api {
-    /// Every node, page by page (`GET /api/v1/nodes?after=…`, the largest page).
-    async fn all_nodes(&self) -> Result<Vec<NodeView>, ClientError> {
+    /// Every node the filters (a query string, `""` for none) let through, page by
+    /// page (`GET /api/v1/nodes?after=…`, the largest page).
+    async fn all_nodes(&self, filters: &str) -> Result<Vec<NodeView>, ClientError> {
         let mut all: Vec<NodeView> = Vec::new();
         loop {
             let after = all.last().map_or(0, |n| n.id);
-            let path = format!("/nodes?limit={}&after={after}", crate::http::api::MAX_PAGE);
+            let mut path = format!("/nodes?limit={}&after={after}", crate::http::api::MAX_PAGE);
+            if !filters.is_empty() {
+                path = format!("{path}&{filters}");
+            }
             let page: Vec<NodeView> = self.call(reqwest::Method::GET, &path, None, &[]).await?;
             let full = page.len() == crate::http::api::MAX_PAGE as usize;
             all.extend(page);
@@ -879,9 +924,10 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                 }
             }
         }
-        NodeCmd::List(a) => {
-            let api = Api::new(&a)?;
-            let v = api.all_nodes().await?;
+        NodeCmd::List(l) => {
+            let a = &l.api;
+            let api = Api::new(a)?;
+            let v = api.all_nodes(&l.query_string()).await?;
             if a.json {
                 print_json(&v);
             } else {

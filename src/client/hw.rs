@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 use reqwest::Method;
 
-use super::{Api, ApiArgs, ClientError, or_dash, print_json, table};
+use super::{Api, ApiArgs, ClientError, enc, or_dash, print_json, table};
 use crate::http::hardware::{Accepted, NodeInventory, Profiles, QueryHit};
 
 /// `pxed profile ...`.
@@ -48,10 +48,6 @@ pub struct QueryArgs {
     pub drifted: bool,
     #[command(flatten)]
     pub api: ApiArgs,
-}
-
-fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 pub(super) async fn profile(cmd: ProfileCmd) -> Result<(), ClientError> {

@@ -328,6 +328,20 @@ fn operator_actions_labels_and_power_cycle() {
         serde_json::from_str::<serde_json::Value>(&out).unwrap(),
         serde_json::json!({"rack": "r3"})
     );
+    // `node list` filters as the board does, in the server.
+    let listed = |args: &[&str]| {
+        let mut all = vec!["node", "list", "--json"];
+        all.extend_from_slice(args);
+        let (ok, out, err) = pxed(&d, &all, "tok");
+        assert!(ok, "{err}");
+        let v: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+        v.iter()
+            .map(|n| n["macs"][0].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listed(&["--label", "rack=r3"]), ["52:54:00:00:40:01"]);
+    assert_eq!(listed(&["-q", "40:02"]), ["52:54:00:00:40:02"]);
+    assert_eq!(listed(&["--label", "rack=r3", "-q", "40:02"]).len(), 0);
     let (ok, _, err) = pxed(&d, &["node", "labels", "r2u1", "--set", "rack"], "tok");
     assert!(!ok && err.contains("expected KEY=VALUE"), "{err}");
     let (ok, out, _) = pxed(&d, &["node", "labels", "r2u1", "--clear"], "tok");
@@ -348,6 +362,8 @@ fn operator_actions_labels_and_power_cycle() {
         !ok && err.contains("quarantined") && err.contains("DIMM B2"),
         "{err}"
     );
+    assert_eq!(listed(&["--state", "quarantined"]), ["52:54:00:00:40:01"]);
+    assert_eq!(listed(&["--state", "available"]), ["52:54:00:00:40:02"]);
     // An action the state does not allow: the server's reason, nothing changed.
     let (ok, _, err) = pxed(&d, &["node", "fail", "r2u1", "--reason", "x"], "tok");
     assert!(!ok && err.contains("409: invalid_state"), "{err}");
