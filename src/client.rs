@@ -131,18 +131,7 @@ pub enum NodeCmd {
     /// Mark a node failed, with the reason technicians will see.
     Fail(ReasonArgs),
     /// Show a node's labels, or replace them (`--set rack=r12 --set row=b`, `--clear`).
-    Labels {
-        /// Node (id, name, hostname or MAC).
-        node: String,
-        /// A label `KEY=VALUE`; repeatable. All of them replace the node's labels.
-        #[arg(long = "set", value_parser = parse_label, conflicts_with = "clear")]
-        set: Vec<(String, String)>,
-        /// Remove every label.
-        #[arg(long)]
-        clear: bool,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
+    Labels(LabelsArgs),
     /// A node's hardware inventory, its profile, and what changed since its baseline.
     Inventory {
         node: String,
@@ -210,6 +199,46 @@ impl ListArgs {
 /// A query-string value, percent-encoded.
 fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// `pxed node labels`.
+#[derive(Args, Debug)]
+pub struct LabelsArgs {
+    /// Node (id, name, hostname or MAC).
+    node: String,
+    /// A label `KEY=VALUE`; repeatable. All of them replace the node's labels.
+    #[arg(long = "set", value_parser = parse_label, conflicts_with = "clear")]
+    set: Vec<(String, String)>,
+    /// Remove every label.
+    #[arg(long)]
+    clear: bool,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+impl LabelsArgs {
+    /// Reads the node's labels, or replaces them; prints them `KEY=VALUE` a line.
+    async fn run(self) -> Result<(), ClientError> {
+        use crate::store::board::Labels;
+        let api = Api::new(&self.api)?;
+        let path = format!("/nodes/{}/labels", self.node);
+        let labels: Labels = if self.clear || !self.set.is_empty() {
+            let new: Labels = self.set.into_iter().collect();
+            let body = serde_json::to_value(new).map_err(|e| ClientError::Other(e.to_string()))?;
+            api.call(reqwest::Method::PUT, &path, Some(body), &[])
+                .await?
+        } else {
+            api.call(reqwest::Method::GET, &path, None, &[]).await?
+        };
+        if self.api.json {
+            print_json(&labels);
+        } else {
+            for (k, v) in &labels {
+                println!("{k}={v}");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An operator's lifecycle action on one node (`POST /api/v1/nodes/{id}/actions/…`).
@@ -848,30 +877,7 @@ fn read_key_file(path: &Path) -> Result<Vec<String>, ClientError> {
 async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
     use reqwest::Method;
     match cmd {
-        NodeCmd::Labels {
-            node,
-            set,
-            clear,
-            api: a,
-        } => {
-            let api = Api::new(&a)?;
-            let path = format!("/nodes/{node}/labels");
-            let labels: crate::store::board::Labels = if clear || !set.is_empty() {
-                let body =
-                    serde_json::to_value(set.into_iter().collect::<crate::store::board::Labels>())
-                        .map_err(|e| ClientError::Other(e.to_string()))?;
-                api.call(Method::PUT, &path, Some(body), &[]).await?
-            } else {
-                api.call(Method::GET, &path, None, &[]).await?
-            };
-            if a.json {
-                print_json(&labels);
-            } else {
-                for (k, v) in &labels {
-                    println!("{k}={v}");
-                }
-            }
-        }
+        NodeCmd::Labels(l) => l.run().await?,
         NodeCmd::Inventory {
             node,
             generation,
@@ -1121,22 +1127,26 @@ async fn node_action(
     reason: Option<&str>,
     a: &ApiArgs,
 ) -> Result<(), ClientError> {
-    let api = Api::new(a)?;
     let body = reason.map(|r| serde_json::json!({ "reason": r }));
-    let v: NodeView = api
-        .call(
-            reqwest::Method::POST,
-            &format!("/nodes/{node}/actions/{action}"),
-            body,
-            &[],
-        )
-        .await?;
+    post_and_show(a, &format!("/nodes/{node}/actions/{action}"), body).await?;
+    Ok(())
+}
+
+/// POSTs to an API path that answers with the node, and prints the node (a table, or
+/// JSON with `--json`).
+async fn post_and_show(
+    a: &ApiArgs,
+    path: &str,
+    body: Option<Value>,
+) -> Result<NodeView, ClientError> {
+    let api = Api::new(a)?;
+    let v: NodeView = api.call(reqwest::Method::POST, path, body, &[]).await?;
     if a.json {
         print_json(&v);
     } else {
         table(NODE_HEADERS, vec![node_row(&v)]);
     }
-    Ok(())
+    Ok(v)
 }
 
 /// Runs `pxed image ...`.
@@ -1313,20 +1323,9 @@ async fn bmc(cmd: BmcCmd) -> Result<(), ClientError> {
     let (node, direct, a) = match cmd {
         BmcCmd::Check { node, direct, api } => (node, direct, api),
         BmcCmd::PowerCycle { node, api: a } => {
-            let api = Api::new(&a)?;
-            let v: NodeView = api
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/nodes/{node}/bmc/power-cycle"),
-                    None,
-                    &[],
-                )
-                .await?;
-            if a.json {
-                print_json(&v);
-            } else {
+            let v = post_and_show(&a, &format!("/nodes/{node}/bmc/power-cycle"), None).await?;
+            if !a.json {
                 println!("node {}: power-cycled through its BMC", v.id);
-                table(NODE_HEADERS, vec![node_row(&v)]);
             }
             return Ok(());
         }
