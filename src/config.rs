@@ -1015,16 +1015,11 @@ impl DhcpFlags {
 }
 
 /// `PXED_*` variables that are not config keys but are pxed's own: the CLI's
-/// (`PXED_URL`, `PXED_API_TOKEN`, `PXED_BMC_PASSWORD`, which the README has operators
-/// export) and the process's (`PXED_CONFIG`, `PXED_LOG`). Leaving them alone is not
-/// news, so [`Flags::load`] does not log them; any other name may be a typo and is.
-const OWN_VARIABLES: [&str; 5] = [
-    "PXED_CONFIG",
-    "PXED_LOG",
-    "PXED_URL",
-    "PXED_API_TOKEN",
-    "PXED_BMC_PASSWORD",
-];
+/// (`PXED_URL`, `PXED_BMC_PASSWORD`, which the README has operators export;
+/// `PXED_API_TOKEN` is the config key `api_token` as well) and the process's
+/// (`PXED_CONFIG`, `PXED_LOG`). Leaving them alone is not news, so [`Flags::load`]
+/// does not log them; any other name may be a typo and is.
+const OWN_VARIABLES: [&str; 4] = ["PXED_CONFIG", "PXED_LOG", "PXED_URL", "PXED_BMC_PASSWORD"];
 
 impl Flags {
     /// Loads the configuration these flags point at, with the process environment,
