@@ -77,9 +77,11 @@ fn set_thread_nice(v: i32) -> std::io::Result<()> {
 /// DHCP, callback or store task most of a core at once instead of an equal share with
 /// a hundred transfers. In 1,000-node storms on 2 cores that cut the time the store's
 /// writer was held by a fifth and the finish from 1.36× to 1.25× the byte floor
-/// (medians of six alternated pairs; README, "Boot storm"); the bytes still go out at
-/// the machine's full rate, as nothing else wants the CPU most of the time. `None` if
-/// it could not be built (then transfers run where they are accepted).
+/// (medians of six alternated pairs; bench/RESULTS.md, "The writer's hold, and the
+/// transfers' priority"); the bytes still go out at the machine's full rate, as nothing
+/// else wants the CPU most of the time. `bench/http.sh` runs them at nice 0, since there
+/// the load generator shares the cores. `None` if it could not be built (then transfers
+/// run where they are accepted).
 fn files_runtime() -> Option<&'static tokio::runtime::Runtime> {
     static FILES: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
     FILES
