@@ -102,6 +102,9 @@ are left alone; a misspelled key inside a known section is an error.";
 /// Entry point used by `main.rs`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Serve(_) | Cmd::Agent(_)) {
+        default_sigpipe();
+    }
     init_tracing();
     crate::net::install_crypto_provider();
     match cli.cmd {
@@ -156,6 +159,20 @@ pub fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// A command whose output goes to a pipe ends quietly when the reader goes away
+/// (`pxed node list | head`), as `ls` does, instead of panicking in `println!`: Rust
+/// ignores SIGPIPE for every program, so the write fails with EPIPE instead. Only
+/// the commands that print: the daemon and the agent keep SIGPIPE ignored (a
+/// socket's peer gone is an error they handle, not a reason to die).
+fn default_sigpipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: called first thing on the main thread, before any other thread exists
+    // and before any handler is installed; SIG_DFL runs no code of ours.
+    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+        eprintln!("warning: cannot restore SIGPIPE: {e}");
     }
 }
 

@@ -98,7 +98,8 @@ pub enum NodeCmd {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Delete a node.
+    /// Delete a node (its audit log stays).
+    #[command(visible_aliases = ["delete", "remove"])]
     Rm {
         node: String,
         #[command(flatten)]
@@ -1302,8 +1303,11 @@ fn find_image(
         })?;
         return crate::images::parse_image(&text, p).map_err(|e| ClientError::Other(e.to_string()));
     }
-    let all =
-        crate::images::load_catalog(catalog).map_err(|e| ClientError::Other(e.to_string()))?;
+    let all = crate::images::load_catalog(catalog).map_err(|e| {
+        ClientError::Other(format!(
+            "the image catalog (images_catalog in the config, or PXED_IMAGES_CATALOG): {e}"
+        ))
+    })?;
     let names: Vec<String> = all.iter().map(|d| d.name.clone()).collect();
     all.into_iter().find(|d| d.name == image).ok_or_else(|| {
         ClientError::Other(format!(

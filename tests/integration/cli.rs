@@ -1,6 +1,7 @@
 //! `pxed node ...` against the real daemon: human tables, `--json`, errors.
 
-use std::process::Command;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
 
 use crate::common::{Daemon, pxed_bin, repo, run};
 
@@ -136,12 +137,41 @@ fn node_commands_tables_and_json() {
     let (ok, _, err) = pxed(&d, &["node", "list"], "wrong");
     assert!(!ok && err.contains("401"), "{err}");
 
+    // Its output into a pipe whose reader has gone (`pxed node show r1 | head -1`
+    // once head has its line): the command ends on SIGPIPE, as `ls` would, with no
+    // panic on the terminal.
+    let mut child = Command::new(pxed_bin())
+        .args(["node", "show", "rack1-u1"])
+        .env("PXED_URL", d.url(""))
+        .env("PXED_API_TOKEN", "tok")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let gone = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&gone.stderr);
+    assert_eq!(
+        gone.status.signal(),
+        Some(nix::sys::signal::Signal::SIGPIPE as i32),
+        "{:?}: {err}",
+        gone.status
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
     let (ok, out, _) = pxed(&d, &["node", "rm", "rack1-u1"], "tok");
     assert!(ok, "{out}");
     let (ok, _, err) = pxed(&d, &["node", "show", "rack1-u1"], "tok");
     assert!(!ok && err.contains("404"), "{err}");
     assert!(!d.log_text().contains("bmc-secret-pw"));
     assert!(!d.log_text().contains("tok\""));
+    // `delete` is `rm` by the name an operator tries first.
+    let (ok, _, _) = pxed(&d, &["node", "add", "--mac", "52:54:00:00:20:09"], "tok");
+    assert!(ok);
+    let (ok, out, err) = pxed(&d, &["node", "delete", "52:54:00:00:20:09"], "tok");
+    assert!(ok, "{out}{err}");
+    let (ok, out, _) = pxed(&d, &["node", "list"], "tok");
+    assert!(ok && out.lines().count() == 1, "{out}");
 }
 
 #[test]
