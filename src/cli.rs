@@ -96,8 +96,8 @@ fn init_tracing() {
 const ENV_HELP: &str = "Configuration: defaults < config file < PXED_* environment < flags.\n\
 The environment layer reads only config keys, `__` between section and key\n\
 (PXED_DATA_DIR, PXED_DHCP__MODE, PXED_LIFECYCLE__DEADLINES__INSTALLING, ...).\n\
-Other PXED_* variables (the CLI's PXED_URL and PXED_BMC_PASSWORD, a wrapper's own)\n\
-are left alone; a misspelled key inside a known section is an error.";
+Other PXED_* variables (the CLI's PXED_URL, PXED_TOKEN_FILE and PXED_BMC_PASSWORD,\n\
+a wrapper's own) are left alone; a misspelled key inside a known section is an error.";
 
 /// Entry point used by `main.rs`.
 pub fn main() -> ExitCode {

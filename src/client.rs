@@ -25,7 +25,7 @@ pub struct ApiArgs {
     #[arg(long, env = "PXED_URL", default_value = "http://127.0.0.1")]
     url: String,
     /// File holding the API token (else PXED_API_TOKEN).
-    #[arg(long)]
+    #[arg(long, env = "PXED_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -517,7 +517,10 @@ pub struct DirectBmc {
 /// Client errors.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("no API token: set PXED_API_TOKEN or --token-file")]
+    #[error(
+        "no API token: set PXED_API_TOKEN, or PXED_TOKEN_FILE or --token-file to a file \
+         holding it (pxed serve writes one to <data_dir>/api-token unless api_token_file is set)"
+    )]
     NoToken,
     #[error("reading {path}: {source}")]
     Read {

@@ -75,7 +75,9 @@ pub struct Wire {
     pub ipxe_dir: Option<PathBuf>,
     pub images_dir: Option<PathBuf>,
     pub images_catalog: Option<PathBuf>,
+    #[serde(default, deserialize_with = "listen_addr")]
     pub http: Option<SocketAddr>,
+    #[serde(default, deserialize_with = "listen_addr")]
     pub tftp: Option<SocketAddr>,
     /// Build the URLs in scripts and configs from the request's `Host` header instead
     /// of `server_ip` (only behind a reverse proxy that sets it: any client can send one).
@@ -109,6 +111,33 @@ pub struct Wire {
     /// `[[profiles]]`: hardware classes every reinstall is checked against
     /// (`crate::inventory::profile`). Config file only.
     pub profiles: Option<Vec<crate::inventory::profile::Profile>>,
+}
+
+/// `http` / `tftp`: an address and port to listen on. The error for anything else
+/// shows the form, since `[http]` with `port = 80` is the usual first guess.
+fn listen_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    struct Visitor;
+    const EG: &str = "such as \"0.0.0.0:80\"";
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Option<SocketAddr>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(
+                f,
+                "an address and port to listen on, {EG} (a key at the top of the file, not a table)"
+            )
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            v.parse()
+                .map(Some)
+                .map_err(|_| E::custom(format!("`{v}` is not an address and port, {EG}")))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Err(E::custom(format!(
+                "`{v}` is a port alone; write the address too, such as \"0.0.0.0:{v}\""
+            )))
+        }
+    }
+    d.deserialize_any(Visitor)
 }
 
 /// `[webhooks]`: outgoing webhooks on node state changes (issue 12).
@@ -1015,11 +1044,17 @@ impl DhcpFlags {
 }
 
 /// `PXED_*` variables that are not config keys but are pxed's own: the CLI's
-/// (`PXED_URL`, `PXED_BMC_PASSWORD`, which the README has operators export;
+/// (`PXED_URL`, `PXED_TOKEN_FILE`, `PXED_BMC_PASSWORD`, which the README has operators export;
 /// `PXED_API_TOKEN` is the config key `api_token` as well) and the process's
 /// (`PXED_CONFIG`, `PXED_LOG`). Leaving them alone is not news, so [`Flags::load`]
 /// does not log them; any other name may be a typo and is.
-const OWN_VARIABLES: [&str; 4] = ["PXED_CONFIG", "PXED_LOG", "PXED_URL", "PXED_BMC_PASSWORD"];
+const OWN_VARIABLES: [&str; 5] = [
+    "PXED_CONFIG",
+    "PXED_LOG",
+    "PXED_URL",
+    "PXED_TOKEN_FILE",
+    "PXED_BMC_PASSWORD",
+];
 
 impl Flags {
     /// Loads the configuration these flags point at, with the process environment,
@@ -1079,16 +1114,24 @@ pub fn load_layers(
             path: path.to_owned(),
             source,
         })?;
-        let t: toml::Table = toml::from_str(&text)
-            .map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?;
+        let parse_err = |e: toml::de::Error| ConfigError::Parse(format!("{}: {e}", path.display()));
+        // The file alone is read as the typed form first, so a mistake in it is reported
+        // with its line and column (the merged layers below have no positions).
+        toml::from_str::<Wire>(&text).map_err(parse_err)?;
+        let t: toml::Table = toml::from_str(&text).map_err(parse_err)?;
         merge(&mut merged, t);
     }
     let (env_table, ignored) = env_layer(env)?;
     merge(&mut merged, env_table);
     merge(&mut merged, flag_layer(flags)?);
-    let wire: Wire = merged
-        .try_into()
-        .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+    // The file (if any) passed its own check above: a mistake here came from the
+    // environment or a flag.
+    let wire: Wire = merged.try_into().map_err(|e: toml::de::Error| {
+        ConfigError::Parse(format!(
+            "{} (set by a PXED_* variable or a flag)",
+            e.to_string().trim_end()
+        ))
+    })?;
     Ok((validate(wire)?, ignored))
 }
 
@@ -1995,6 +2038,42 @@ mod tests {
             .to_string();
         assert!(e.contains("dhcp.poool"), "{e}");
         assert!(e.contains("PXED_DHCP__POOL"), "{e}");
+    }
+
+    /// A mistake in the file is reported with its file, line and column; `[http]` with a
+    /// port (the usual first guess) and a bare port say what `http` takes. A bad value
+    /// from the environment says where it came from.
+    #[test]
+    fn file_errors_have_a_line_and_listen_addresses_a_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        let load_file = |text: &str| {
+            std::fs::write(&p, text).unwrap();
+            load(Some(&p), env(&[]), &Flags::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = load_file("server_ip = \"10.0.0.2\"\n[dhcp]\nmode = \"ful\"\n");
+        assert!(e.contains("pxed.toml") && e.contains("line 3"), "{e}");
+        assert!(e.contains("`full`, `proxy`, `off`"), "{e}");
+        let e = load_file("[dhcp]\nmode = \"full\"\n\n[http]\nport = 80\n");
+        assert!(e.contains("line 4") && e.contains("\"0.0.0.0:80\""), "{e}");
+        assert!(e.contains("not a table"), "{e}");
+        let e = load_file("tftp = 6969\n");
+        assert!(
+            e.contains("port alone") && e.contains("\"0.0.0.0:6969\""),
+            "{e}"
+        );
+        std::fs::write(&p, "http = \"127.0.0.1:8080\"\n").unwrap();
+        let ok = load(Some(&p), env(&[]), &Flags::default()).unwrap();
+        assert_eq!(ok.http, "127.0.0.1:8080".parse().unwrap());
+        let e = load(Some(&p), env(&[("PXED_HTTP", "eighty")]), &Flags::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`eighty`") && e.contains("PXED_* variable"),
+            "{e}"
+        );
     }
 
     /// NTP servers and SSH keys reach installer configs verbatim: anything but a host

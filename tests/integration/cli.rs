@@ -136,6 +136,29 @@ fn node_commands_tables_and_json() {
 
     let (ok, _, err) = pxed(&d, &["node", "list"], "wrong");
     assert!(!ok && err.contains("401"), "{err}");
+    // The token from a file named by PXED_TOKEN_FILE (the README's export; the reclaim
+    // script's variable too); with none at all, the error names both ways.
+    let token_file = d.data_dir().join("cli-token");
+    std::fs::write(&token_file, "tok\n").unwrap();
+    let cli = |token_file: Option<&std::path::Path>| {
+        let mut c = Command::new(pxed_bin());
+        c.args(["node", "list"])
+            .env("PXED_URL", d.url(""))
+            .env_remove("PXED_API_TOKEN");
+        match token_file {
+            Some(f) => c.env("PXED_TOKEN_FILE", f),
+            None => c.env_remove("PXED_TOKEN_FILE"),
+        };
+        run(&mut c)
+    };
+    let (ok, out, err) = cli(Some(&token_file));
+    assert!(ok && out.contains("rack1-u1"), "{out}{err}");
+    let (ok, _, err) = cli(None);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("PXED_API_TOKEN") && err.contains("PXED_TOKEN_FILE"),
+        "{err}"
+    );
 
     // Its output into a pipe whose reader has gone (`pxed node show r1 | head -1`
     // once head has its line): the command ends on SIGPIPE, as `ls` would, with no
@@ -447,6 +470,7 @@ fn client_variables_never_stop_the_server() {
         ("PXED_API_TOKEN", "tok"),
         ("PXED_URL", "http://127.0.0.1:1"),
         ("PXED_BMC_PASSWORD", "bmc-secret-pw"),
+        ("PXED_TOKEN_FILE", "/etc/pxed/api-token"),
         ("PXED_SOMETHING_A_WRAPPER_SETS", "1"),
     ];
     let d = Daemon::start_in(tempfile::tempdir().unwrap(), &[], &env);
@@ -464,7 +488,9 @@ fn client_variables_never_stop_the_server() {
     // the README has operators export, are not news.
     assert!(err.contains("PXED_SOMETHING_A_WRAPPER_SETS"), "{err}");
     assert!(
-        !err.contains("PXED_BMC_PASSWORD") && !err.contains("PXED_URL"),
+        !err.contains("PXED_BMC_PASSWORD")
+            && !err.contains("PXED_URL")
+            && !err.contains("PXED_TOKEN_FILE"),
         "{err}"
     );
     // A section given as a value is refused with the key it should have been.
