@@ -154,12 +154,30 @@ pub fn main() -> ExitCode {
             match rt.block_on(serve(cfg, a)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e:#}");
+                    eprintln!("error: {}", chain(&e));
                     ExitCode::FAILURE
                 }
             }
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: most of our error types
+/// already print their source in their own message (`DHCP lease store: {0}`), so
+/// anyhow's `{:#}` would repeat the innermost reason once per level.
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// A command whose output goes to a pipe ends quietly when the reader goes away
@@ -196,7 +214,7 @@ where
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -360,4 +378,28 @@ async fn serve(cfg: config::Config, flags: config::Flags) -> anyhow::Result<()> 
         c.cancel();
     });
     crate::app::run(cfg, cancel, rx).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("UNIQUE constraint failed: reservations.mac")]
+    struct Db;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("DHCP lease store: {0}")]
+    struct Store(#[from] Db);
+
+    /// A cause its parent already prints is not printed again; one it does not is.
+    #[test]
+    fn each_cause_is_printed_once() {
+        let e = anyhow::Error::from(Store(Db)).context("starting DHCP");
+        assert_eq!(
+            chain(&e),
+            "starting DHCP: DHCP lease store: UNIQUE constraint failed: reservations.mac"
+        );
+        assert_eq!(format!("{e:#}").matches("UNIQUE").count(), 2);
+    }
 }

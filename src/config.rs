@@ -113,6 +113,59 @@ pub struct Wire {
     pub profiles: Option<Vec<crate::inventory::profile::Profile>>,
 }
 
+/// One address per MAC and one MAC per address (the store holds both as unique keys),
+/// and, when pxed hands out addresses, each inside a subnet it serves (else the client
+/// would be offered an address its network cannot route).
+fn check_reservations<'a>(
+    reservations: &[Reservation],
+    full: bool,
+    subnets: impl Iterator<Item = &'a Subnet> + Clone,
+) -> Result<(), ConfigError> {
+    let mut macs = BTreeMap::new();
+    let mut ips = BTreeMap::new();
+    for r in reservations {
+        if let Some(ip) = macs.insert(&r.mac, r.ip) {
+            return Err(invalid(
+                "dhcp.reservations",
+                format!("{} is reserved twice ({ip} and {})", r.mac, r.ip),
+            ));
+        }
+        if let Some(mac) = ips.insert(r.ip, &r.mac) {
+            return Err(invalid(
+                "dhcp.reservations",
+                format!("{} is reserved for two MACs ({mac} and {})", r.ip, r.mac),
+            ));
+        }
+        if full && !subnets.clone().any(|s| s.contains(r.ip)) {
+            return Err(invalid(
+                "dhcp.reservations",
+                format!(
+                    "{} (for {}) is in no subnet pxed serves (dhcp.pool with dhcp.netmask, \
+                     or dhcp.relay_subnets)",
+                    r.ip, r.mac
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A mistake in the config file as one line, `FILE: line L, column C: what` (the
+/// SIGHUP reload logs it, and a log line must not span several).
+fn file_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let at = match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            format!(" line {line}, column {column}:")
+        }
+        None => String::new(),
+    };
+    let what = e.message().trim().replace('\n', " ");
+    ConfigError::Parse(format!("{}:{at} {what}", path.display()))
+}
+
 /// `http` / `tftp`: an address and port to listen on. The error for anything else
 /// shows the form, since `[http]` with `port = 80` is the usual first guess.
 fn listen_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
@@ -1114,7 +1167,7 @@ pub fn load_layers(
             path: path.to_owned(),
             source,
         })?;
-        let parse_err = |e: toml::de::Error| ConfigError::Parse(format!("{}: {e}", path.display()));
+        let parse_err = |e: toml::de::Error| file_error(path, &text, &e);
         // The file alone is read as the typed form first, so a mistake in it is reported
         // with its line and column (the merged layers below have no positions).
         toml::from_str::<Wire>(&text).map_err(parse_err)?;
@@ -1434,6 +1487,11 @@ fn validate(w: Wire) -> Result<Config, ConfigError> {
             )
         })?;
     }
+    check_reservations(
+        &reservations,
+        mode == DhcpMode::Full,
+        local.iter().chain(&relay_subnets),
+    )?;
     let b = w.boot.unwrap_or_default();
     let mut per_mac = BTreeMap::new();
     for (k, v) in b.per_mac.unwrap_or_default() {
@@ -2074,6 +2132,51 @@ mod tests {
             e.contains("`eighty`") && e.contains("PXED_* variable"),
             "{e}"
         );
+    }
+
+    /// Reservations the store could not hold (a MAC or an address twice) or a client
+    /// could not use (outside every served subnet) are refused when the config is read,
+    /// not by a constraint error when `serve` starts.
+    #[test]
+    fn reservations_are_unique_and_inside_a_served_subnet() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        let load_with = |mode: &str, list: &str| {
+            let text = format!(
+                "interfaces = [\"eth1\"]\n[dhcp]\nmode = \"{mode}\"\npool = \"10.0.0.100-10.0.0.200\"\n\
+                 relay_subnets = [{{ pool = \"10.20.0.100-10.20.0.200\", netmask = \"255.255.255.0\" }}]\n\
+                 reservations = [{list}]\n"
+            );
+            std::fs::write(&p, text).unwrap();
+            load(Some(&p), env(&[]), &Flags::default())
+        };
+        let a = r#"{ mac = "52:54:00:00:00:01", ip = "10.0.0.50" }"#;
+        let relayed = r#"{ mac = "52:54:00:00:00:02", ip = "10.20.0.7" }"#;
+        let ok = load_with("full", &format!("{a}, {relayed}")).unwrap();
+        assert_eq!(ok.dhcp.reservations.len(), 2);
+        for (list, want) in [
+            (
+                r#"{ mac = "52:54:00:00:00:01", ip = "10.0.0.50" }, { mac = "52-54-00-00-00-01", ip = "10.0.0.51" }"#,
+                "52:54:00:00:00:01 is reserved twice (10.0.0.50 and 10.0.0.51)",
+            ),
+            (
+                r#"{ mac = "52:54:00:00:00:01", ip = "10.0.0.50" }, { mac = "52:54:00:00:00:03", ip = "10.0.0.50" }"#,
+                "10.0.0.50 is reserved for two MACs",
+            ),
+            (
+                r#"{ mac = "52:54:00:00:00:01", ip = "10.9.0.50" }"#,
+                "10.9.0.50 (for 52:54:00:00:00:01) is in no subnet",
+            ),
+        ] {
+            let e = load_with("full", list).unwrap_err().to_string();
+            assert!(e.contains("dhcp.reservations") && e.contains(want), "{e}");
+        }
+        // Proxy mode hands out no addresses: only uniqueness is checked.
+        load_with(
+            "proxy",
+            r#"{ mac = "52:54:00:00:00:01", ip = "10.9.0.50" }"#,
+        )
+        .unwrap();
     }
 
     /// NTP servers and SSH keys reach installer configs verbatim: anything but a host

@@ -35,7 +35,7 @@ use crate::metrics::{Render, sample};
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot create data dir {path}: {source}")]
+    #[error("data dir {path}: {source}")]
     DataDir {
         path: std::path::PathBuf,
         source: std::io::Error,
@@ -497,8 +497,14 @@ impl Store {
 /// credentials).
 fn create_data_dir(data_dir: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::DirBuilderExt;
-    if data_dir.exists() {
+    if data_dir.is_dir() {
         return Ok(());
+    }
+    if data_dir.exists() {
+        return Err(StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source: std::io::Error::from_raw_os_error(nix::errno::Errno::ENOTDIR as i32),
+        });
     }
     std::fs::DirBuilder::new()
         .recursive(true)

@@ -214,6 +214,17 @@ fn startup_errors_are_clear() {
             .args(&flags));
         assert!(!ok && err.contains(want), "{flags:?}: {err}");
     }
+    // A data dir that is a file; the reason is printed once, not once per layer.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let (ok, _, err) = run(Command::new(pxed_bin())
+        .current_dir(repo())
+        .args(["serve", "--demo", "--data-dir"])
+        .arg(&file));
+    assert!(!ok, "{err}");
+    let want = format!("data dir {}: Not a directory", file.display());
+    assert!(err.contains(&want), "{err}");
+    assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
 }
 
 #[test]
