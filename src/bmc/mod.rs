@@ -719,6 +719,36 @@ pub trait Bmc: fmt::Debug + Send + Sync {
     }
 }
 
+/// Whether `address` is one the driver can reach, checked when a node is registered
+/// rather than on the first power-cycle of a reinstall. Redfish: `host[:port]` (HTTPS)
+/// or an `http://` / `https://` URL; IPMI: `host[:port]` (RMCP+, port 623 by default).
+pub fn check_address(driver: Driver, address: &str) -> Result<(), String> {
+    let a = address.trim();
+    if a.is_empty() || a.chars().any(char::is_whitespace) {
+        return Err(format!("BMC address `{address}` is empty or has spaces"));
+    }
+    match driver {
+        Driver::Ipmi if a.contains("://") => Err(format!(
+            "`{address}` is a URL; an IPMI BMC is `host` or `host:port` (623 by default)"
+        )),
+        Driver::Ipmi => Ok(()),
+        Driver::Redfish => {
+            let url = if a.contains("://") {
+                a.to_string()
+            } else {
+                format!("https://{a}")
+            };
+            match reqwest::Url::parse(&url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
+                _ => Err(format!(
+                    "`{address}` is not a Redfish BMC address (`host`, `host:port`, or an \
+                     http:// or https:// URL)"
+                )),
+            }
+        }
+    }
+}
+
 /// Builds the driver for an endpoint. Does no I/O: sessions open on first use.
 pub fn connect(ep: &BmcEndpoint) -> Result<Arc<dyn Bmc>, BmcError> {
     match ep.driver {
@@ -941,6 +971,28 @@ fn did_not_change(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn addresses_are_checked_per_driver() {
+        use super::{Driver, check_address};
+        for ok in [
+            "10.0.0.5",
+            "bmc-r1u1.lab:8443",
+            "https://10.0.0.5",
+            "http://[fd00::5]:8000/",
+        ] {
+            check_address(Driver::Redfish, ok).unwrap();
+        }
+        for ok in ["10.0.0.5", "10.0.0.5:6230", "bmc-r1u1"] {
+            check_address(Driver::Ipmi, ok).unwrap();
+        }
+        for bad in ["", " ", "ftp://10.0.0.5", "https://", "10.0.0.5 x"] {
+            let e = check_address(Driver::Redfish, bad).unwrap_err();
+            assert!(e.contains(&format!("`{bad}`")), "{e}");
+        }
+        let e = check_address(Driver::Ipmi, "https://10.0.0.5").unwrap_err();
+        assert!(e.contains("an IPMI BMC is `host` or `host:port`"), "{e}");
+    }
+
     use super::*;
     use std::sync::Mutex;
 

@@ -388,6 +388,17 @@ async fn create_node(
             )));
         }
     };
+    // A name another node answers to (as its name or hostname) would make `pxed node
+    // show NAME` ambiguous; the store's unique index alone would say it in SQL.
+    if let Some(name) = &req.name
+        && let Some(other) = st.store.find_node(name).await?
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("node {} is already called `{name}`", other.id),
+        ));
+    }
     for &m in &macs {
         if let Some(other) = st.store.node_by_mac(m).await? {
             return Err(ApiError::new(
@@ -396,6 +407,9 @@ async fn create_node(
                 format!("{m} already belongs to node {}", other.id),
             ));
         }
+    }
+    if let Some(b) = &req.bmc {
+        crate::bmc::check_address(b.driver, &b.address).map_err(ApiError::bad_request)?;
     }
     let bmc_driver = req.bmc.as_ref().map(|b| b.driver);
     let bmc = match req.bmc {

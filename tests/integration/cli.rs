@@ -193,6 +193,46 @@ fn node_commands_tables_and_json() {
     assert!(ok);
     let (ok, out, err) = pxed(&d, &["node", "delete", "52:54:00:00:20:09"], "tok");
     assert!(ok, "{out}{err}");
+    // A name already taken, and an IPMI BMC given as a URL, are refused in words.
+    let (ok, _, _) = pxed(
+        &d,
+        &["node", "add", "--mac", "52:54:00:00:20:0a", "--name", "r9"],
+        "tok",
+    );
+    assert!(ok);
+    let (ok, _, err) = pxed(
+        &d,
+        &["node", "add", "--mac", "52:54:00:00:20:0b", "--name", "r9"],
+        "tok",
+    );
+    assert!(
+        !ok && err.contains("409: conflict: node") && err.contains("already called `r9`"),
+        "{err}"
+    );
+    assert!(!err.contains("UNIQUE"), "{err}");
+    let ipmi_url = [
+        "node",
+        "add",
+        "--mac",
+        "52:54:00:00:20:0c",
+        "--bmc-driver",
+        "ipmi",
+    ];
+    let (ok, _, err) = pxed(
+        &d,
+        &[
+            &ipmi_url[..],
+            &["--bmc-address", "https://10.0.0.9", "--bmc-user", "root"],
+        ]
+        .concat(),
+        "tok",
+    );
+    assert!(
+        !ok && err.contains("400") && err.contains("an IPMI BMC is `host`"),
+        "{err}"
+    );
+    let (ok, out, err) = pxed(&d, &["node", "rm", "r9"], "tok");
+    assert!(ok, "{out}{err}");
     let (ok, out, _) = pxed(&d, &["node", "list"], "tok");
     assert!(ok && out.lines().count() == 1, "{out}");
 }
