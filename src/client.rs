@@ -39,6 +39,7 @@ pub enum NodeCmd {
     List(ListArgs),
     /// Show one node with its events (id, name, hostname or MAC).
     Show {
+        /// Node (id, name, hostname or MAC).
         node: String,
         /// Print the last lines the node's installer sent to pxed (syslog or reporting
         /// webhook) instead of the node and its events.
@@ -55,6 +56,8 @@ pub enum NodeCmd {
         /// MAC addresses (the first is the boot NIC).
         #[arg(long = "mac", required = true)]
         macs: Vec<Mac>,
+        /// A name to find it by (`pxed node show NAME`), unique, not a number or a MAC
+        /// (its hostname is derived from its MAC).
         #[arg(long)]
         name: Option<String>,
         /// x86_64, arm64 or unknown (the default: learnt from DHCP or the agent).
@@ -66,13 +69,18 @@ pub enum NodeCmd {
         /// BMC driver: redfish or ipmi.
         #[arg(long, requires = "bmc_address")]
         bmc_driver: Option<Driver>,
+        /// Redfish: `host[:port]` (HTTPS) or an `http(s)://` URL; IPMI: `host[:port]`
+        /// (port 623 by default).
         #[arg(long)]
         bmc_address: Option<String>,
+        /// The BMC user.
         #[arg(long)]
         bmc_user: Option<String>,
         /// Environment variable holding the BMC password (never a flag: flags show in `ps`).
         #[arg(long, default_value = "PXED_BMC_PASSWORD")]
         bmc_password_env: String,
+        /// Redfish: the system's id (`1`, `System.Embedded.1`) or its path, when the BMC
+        /// has several (default: its only system, or the one with this node's MAC).
         #[arg(long)]
         bmc_system_id: Option<String>,
         /// Accept any TLS certificate from this BMC (labs only).
@@ -107,9 +115,14 @@ pub enum NodeCmd {
     },
     /// Reinstall a node (idempotent with --idempotency-key).
     Reinstall {
+        /// Node (id, name, hostname or MAC).
         node: String,
+        /// The image to install (`pxed image list`; default: the config's
+        /// `default_image`, else the node's last image).
         #[arg(long)]
         image: Option<String>,
+        /// A key naming this request (e.g. `slurm-job123-node17`): the same key again
+        /// answers with the same reinstall instead of starting another.
         #[arg(long)]
         idempotency_key: Option<String>,
         #[command(flatten)]

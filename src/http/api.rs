@@ -530,12 +530,12 @@ async fn reinstall(
             format!("image {img} is not imported (pxed image add {img})"),
         ));
     }
-    mirror_gate(&st, &n, req.image.as_deref()).await?;
+    // The image: the request's, else the config's `default_image`, else the node's
+    // last (the transition falls back to it).
+    let image = req.image.clone().or_else(|| st.cfg.default_image.clone());
+    mirror_gate(&st, &n, image.as_deref()).await?;
     let token = BootToken::random();
-    let event = Event::ReinstallRequested {
-        image: req.image.clone().or_else(|| st.cfg.default_image.clone()),
-        token,
-    };
+    let event = Event::ReinstallRequested { image, token };
     let answer = |row: &NodeRow, outcome: &Outcome| {
         let s = operation(row, outcome);
         serde_json::to_string(&s).unwrap_or_default()
@@ -570,11 +570,7 @@ async fn mirror_gate(st: &AppState, n: &NodeRow, image: Option<&str>) -> Result<
     ) {
         return Ok(());
     }
-    let Some(name) = image
-        .map(str::to_string)
-        .or_else(|| n.image.clone())
-        .or_else(|| st.cfg.default_image.clone())
-    else {
+    let Some(name) = image.map(str::to_string).or_else(|| n.image.clone()) else {
         return Ok(());
     };
     let Some(row) = st.store.image(&name).await? else {
