@@ -28,6 +28,9 @@ fn preflight(cfg: &Config) -> anyhow::Result<()> {
             "bmc.power_deadline is not shorter than the reclaiming deadline: a stuck power action will show as a deadline, not as the BMC's error"
         );
     }
+    for what in cfg.dhcp.ignored() {
+        tracing::warn!("{what}");
+    }
     if !cfg.ipxe_dir.is_dir() {
         anyhow::bail!(
             "iPXE dir {} does not exist (fetch the binaries with ipxe/fetch.sh {0}, or set --ipxe-dir)",

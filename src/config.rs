@@ -57,6 +57,17 @@ pub enum DhcpMode {
     Off,
 }
 
+impl DhcpMode {
+    /// The name the config file and `--dhcp` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DhcpMode::Full => "full",
+            DhcpMode::Proxy => "proxy",
+            DhcpMode::Off => "off",
+        }
+    }
+}
+
 /// The wire form of the config file. Every field is optional so layers can be merged.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -425,6 +436,36 @@ pub struct DhcpConfig {
     #[serde(with = "secs")]
     pub lease_time: Duration,
     pub reservations: Vec<Reservation>,
+}
+
+impl DhcpConfig {
+    /// Settings that the mode makes pxed ignore, in words for a startup warning: a
+    /// pool under `proxy` or `off` is never served, which an operator who set one
+    /// would not guess from a daemon that starts cleanly.
+    pub fn ignored(&self) -> Vec<String> {
+        let why = match self.mode {
+            DhcpMode::Full => return Vec::new(),
+            DhcpMode::Proxy => "proxy mode hands out no addresses (the site's DHCP server does)",
+            DhcpMode::Off => "DHCP is off",
+        };
+        let mut set = Vec::new();
+        if let Some(s) = &self.local {
+            set.push(format!("dhcp.pool ({}-{})", s.pool.start, s.pool.end));
+        }
+        if !self.relay_subnets.is_empty() {
+            set.push(format!("dhcp.relay_subnets ({})", self.relay_subnets.len()));
+        }
+        if !self.reservations.is_empty() {
+            set.push(format!("dhcp.reservations ({})", self.reservations.len()));
+        }
+        set.into_iter()
+            .map(|k| {
+                format!(
+                    "{k} is not used: {why}; set dhcp.mode = \"full\" (--dhcp full) to serve it"
+                )
+            })
+            .collect()
+    }
 }
 
 /// Validated boot file names.
@@ -2171,12 +2212,21 @@ mod tests {
             let e = load_with("full", list).unwrap_err().to_string();
             assert!(e.contains("dhcp.reservations") && e.contains(want), "{e}");
         }
-        // Proxy mode hands out no addresses: only uniqueness is checked.
-        load_with(
+        // Proxy mode hands out no addresses: only uniqueness is checked, and what it
+        // does not use is named for the startup warning.
+        let proxy = load_with(
             "proxy",
             r#"{ mac = "52:54:00:00:00:01", ip = "10.9.0.50" }"#,
         )
         .unwrap();
+        let ignored = proxy.dhcp.ignored();
+        assert_eq!(ignored.len(), 3, "{ignored:?}");
+        assert!(
+            ignored[0].starts_with("dhcp.pool (10.0.0.100-10.0.0.200) is not used: proxy mode"),
+            "{ignored:?}"
+        );
+        assert!(ignored[2].contains("dhcp.reservations (1)"), "{ignored:?}");
+        assert!(ok.dhcp.ignored().is_empty());
     }
 
     /// NTP servers and SSH keys reach installer configs verbatim: anything but a host

@@ -14,8 +14,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// A name that is not one of the type's values.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {kind} `{name}` (expected {expected})")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownName {
     /// What was being parsed (`state`, `step`, `arch`, `driver`, `MAC address`).
     pub kind: &'static str,
@@ -24,6 +23,22 @@ pub struct UnknownName {
     /// What would have been accepted.
     pub expected: String,
 }
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (kind, name, expected) = (self.kind, &self.name, &self.expected);
+        // A MAC address is malformed, not unknown: "unknown MAC" reads as "not registered".
+        if kind == MAC_KIND {
+            write!(f, "`{name}` is not a {kind} (expected {expected})")
+        } else {
+            write!(f, "unknown {kind} `{name}` (expected {expected})")
+        }
+    }
+}
+
+impl std::error::Error for UnknownName {}
+
+const MAC_KIND: &str = "MAC address";
 
 fn unknown_of(kind: &'static str, name: &str, expected: String) -> UnknownName {
     UnknownName {
@@ -571,13 +586,7 @@ impl FromStr for Mac {
 
     /// `aa:bb:cc:dd:ee:ff` in either case, with `:`, `-`, `.` or no separators.
     fn from_str(s: &str) -> Result<Mac, UnknownName> {
-        let bad = || {
-            unknown_of(
-                "MAC address",
-                s,
-                "six hex octets like 52:54:00:ab:cd:ef".into(),
-            )
-        };
+        let bad = || unknown_of(MAC_KIND, s, "six hex octets like 52:54:00:ab:cd:ef".into());
         let n = normalize_mac(s).ok_or_else(bad)?;
         let mut m = [0u8; 6];
         for (i, part) in n.split(':').enumerate() {
@@ -731,7 +740,7 @@ mod tests {
             "unknown arch `sparc` (expected x86_64, arm64 or unknown)"
         );
         let e = "52:54:00".parse::<Mac>().unwrap_err().to_string();
-        assert!(e.starts_with("unknown MAC address `52:54:00`"), "{e}");
+        assert!(e.starts_with("`52:54:00` is not a MAC address"), "{e}");
         let m: Mac = "52-54-00-AB-cd-EF".parse().unwrap();
         assert_eq!(m.to_string(), "52:54:00:ab:cd:ef");
         assert_eq!(serde_json::to_string(&m).unwrap(), "\"52:54:00:ab:cd:ef\"");

@@ -160,7 +160,7 @@ pub fn bind_interface(name: &str, cfg: &Config) -> Result<DhcpSocket, DhcpError>
         )?)),
         _ => None,
     };
-    tracing::info!(iface = name, addr = %iface.addr, mode = ?cfg.dhcp.mode, "DHCP listening");
+    tracing::info!(iface = name, addr = %iface.addr, mode = cfg.dhcp.mode.as_str(), "DHCP listening");
     Ok(DhcpSocket { iface, dhcp, pxe })
 }
 

@@ -324,7 +324,13 @@ fn a_reinstall_is_refused_while_the_mirror_lacks_a_file() {
         .arg(&data)
         .env("PXED_MIRROR_BASE", &base));
     assert!(ok, "{out}{err}");
-    let d = daemon_in(dir, &[("PXED_MIRROR_BASE", &base)]);
+    let d = daemon_in(
+        dir,
+        &[
+            ("PXED_MIRROR_BASE", &base),
+            ("PXED_DEFAULT_IMAGE", "rocky-9"),
+        ],
+    );
     let (ok, out, err) = pxed(
         &d,
         &[
@@ -355,6 +361,9 @@ fn a_reinstall_is_refused_while_the_mirror_lacks_a_file() {
     );
     // Only the node's architecture counts: the arm64 tree is not named.
     assert!(!err.contains("aarch64"), "{err}");
+    // Without --image the reinstall installs `default_image`: that one is checked.
+    let (ok, _, err) = pxed(&d, &["node", "reinstall", "m1"], "tok");
+    assert!(!ok && err.contains("x86_64/os/.treeinfo"), "{err}");
     let (ok, out, _) = pxed(&d, &["node", "show", "m1", "--json"], "tok");
     assert!(ok);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -369,7 +378,7 @@ fn a_reinstall_is_refused_while_the_mirror_lacks_a_file() {
     assert!(ok, "{out}{err}");
     let (_, metrics, _) = run(Command::new("curl").args(["-sf", &d.url("/metrics")]));
     assert!(
-        metrics.contains("pxed_reinstalls_refused_mirror_total 1\n"),
+        metrics.contains("pxed_reinstalls_refused_mirror_total 2\n"),
         "{metrics}"
     );
 }
