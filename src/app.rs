@@ -16,20 +16,8 @@ use crate::store::Store;
 /// The iPXE dir exists; every named interface exists and has an address; a full-mode
 /// pool lies in the subnet of the interface it is served on.
 fn preflight(cfg: &Config) -> anyhow::Result<()> {
-    if let Some(reclaim) = cfg
-        .lifecycle
-        .deadlines
-        .get(&crate::model::State::Reclaiming)
-        && cfg.bmc.power_deadline >= *reclaim
-    {
-        tracing::warn!(
-            power_deadline = ?cfg.bmc.power_deadline,
-            reclaiming = ?reclaim,
-            "bmc.power_deadline is not shorter than the reclaiming deadline: a stuck power action will show as a deadline, not as the BMC's error"
-        );
-    }
-    for what in cfg.dhcp.ignored() {
-        tracing::warn!("{what}");
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
     }
     if !cfg.ipxe_dir.is_dir() {
         anyhow::bail!(

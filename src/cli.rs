@@ -110,8 +110,8 @@ pub fn main() -> ExitCode {
     match cli.cmd {
         Cmd::CheckConfig(a) => match a.load() {
             Ok(c) => {
-                for o in crate::inventory::profile::overlaps(&c.profiles) {
-                    eprintln!("warning: profiles overlap: {o}");
+                for w in c.warnings() {
+                    eprintln!("warning: {w}");
                 }
                 match toml::to_string_pretty(&c) {
                     Ok(s) => print!("{s}"),

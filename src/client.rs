@@ -715,7 +715,7 @@ fn print_json(v: &impl serde::Serialize) {
 }
 
 const NODE_HEADERS: &[&str] = &[
-    "ID", "NAME", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "SITE", "FAILED",
+    "ID", "NAME", "HOSTNAME", "STATE", "SINCE", "GEN", "ARCH", "MACS", "SITE", "REASON",
 ];
 
 /// `pxed report`.

@@ -1150,6 +1150,30 @@ const OWN_VARIABLES: [&str; 5] = [
     "PXED_BMC_PASSWORD",
 ];
 
+impl Config {
+    /// What a valid config still gets wrong in a way the operator should hear about:
+    /// settings the DHCP mode leaves unused, overlapping profiles, a BMC power deadline
+    /// that the reclaiming deadline would hide. `serve` logs them; `check-config`
+    /// prints them.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = self.dhcp.ignored();
+        w.extend(
+            crate::inventory::profile::overlaps(&self.profiles)
+                .into_iter()
+                .map(|o| format!("profiles overlap: {o}")),
+        );
+        if let Some(reclaim) = self.lifecycle.deadlines.get(&State::Reclaiming)
+            && self.bmc.power_deadline >= *reclaim
+        {
+            w.push(format!(
+                "bmc.power_deadline ({:?}) is not shorter than the reclaiming deadline ({reclaim:?}): a stuck power action will show as a deadline, not as the BMC's error",
+                self.bmc.power_deadline
+            ));
+        }
+        w
+    }
+}
+
 impl Flags {
     /// Loads the configuration these flags point at, with the process environment,
     /// and logs which `PXED_*` variables it left alone.
@@ -2178,6 +2202,35 @@ mod tests {
     /// Reservations the store could not hold (a MAC or an address twice) or a client
     /// could not use (outside every served subnet) are refused when the config is read,
     /// not by a constraint error when `serve` starts.
+    /// A config that loads can still be wrong in ways an operator should hear about;
+    /// a plain one has nothing to say.
+    #[test]
+    fn warnings_name_what_a_valid_config_gets_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pxed.toml");
+        std::fs::write(
+            &p,
+            "[bmc]\npower_deadline = \"20m\"\n[lifecycle.deadlines]\nreclaiming = \"10m\"\n",
+        )
+        .unwrap();
+        let w = load(Some(&p), env(&[]), &Flags::default())
+            .unwrap()
+            .warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with(
+                "bmc.power_deadline (1200s) is not shorter than the reclaiming deadline (600s)"
+            ),
+            "{w:?}"
+        );
+        assert!(
+            load(None, env(&[]), &Flags::default())
+                .unwrap()
+                .warnings()
+                .is_empty()
+        );
+    }
+
     #[test]
     fn reservations_are_unique_and_inside_a_served_subnet() {
         let dir = tempfile::tempdir().unwrap();

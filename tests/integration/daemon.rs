@@ -134,6 +134,21 @@ fn check_config_masks_secrets_and_reports_errors() {
         "10.0.0.10-10.0.0.20",
     ]));
     assert!(!ok && err.contains("no --interface"), "{err}");
+    // Valid, but the pool is never served: said on stderr, the config still printed.
+    let (ok, out, err) = run(Command::new(pxed_bin()).args([
+        "check-config",
+        "--dhcp",
+        "proxy",
+        "--interface",
+        "lo",
+        "--pool",
+        "10.0.0.10-10.0.0.20",
+    ]));
+    assert!(ok && out.contains("mode = \"proxy\""), "{out}{err}");
+    assert!(
+        err.contains("warning: dhcp.pool (10.0.0.10-10.0.0.20) is not used: proxy mode"),
+        "{err}"
+    );
 
     let (ok, _, err) = run(Command::new(pxed_bin())
         .args(["check-config"])
