@@ -350,12 +350,9 @@ pub fn wait_verdict(n: &NodeView, want: crate::model::State, generation: i64) ->
     match n.state {
         State::Failed | State::Quarantined => WaitVerdict::Stopped {
             state: n.state,
-            reason: match (&n.failed_step, &n.failed_reason) {
-                (Some(step), Some(r)) => format!("{step}: {r}"),
-                (None, Some(r)) => r.clone(),
-                (Some(step), None) => step.to_string(),
-                (None, None) => "no reason recorded".into(),
-            },
+            reason: crate::model::failure_text(n.failed_step, n.failed_reason.as_deref())
+                .or_else(|| n.failed_reason.clone())
+                .unwrap_or_else(|| "no reason recorded".into()),
         },
         _ => WaitVerdict::Waiting,
     }
@@ -703,10 +700,7 @@ fn node_row(n: &NodeView) -> Vec<String> {
             .collect::<Vec<_>>()
             .join(","),
         or_dash(&n.site),
-        match &n.failed_step {
-            None => String::new(),
-            Some(st) => format!("{st}: {}", or_dash(&n.failed_reason)),
-        },
+        crate::model::failure_text(n.failed_step, n.failed_reason.as_deref()).unwrap_or_default(),
     ]
 }
 

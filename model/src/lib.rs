@@ -405,6 +405,17 @@ impl Step {
 
 as_str_display!(Step);
 
+/// Why a node is failed or quarantined, in words, as the CLI and the pages show it:
+/// `installing: <reason>` for a step that failed, `while available: <reason>` for one
+/// set aside from a resting state (an operator's `fail` or `quarantine`).
+pub fn failure_text(step: Option<Step>, reason: Option<&str>) -> Option<String> {
+    let reason = reason.unwrap_or("no reason given");
+    Some(match step? {
+        Step::Stage(s) if !s.in_progress() => format!("while {s}: {reason}"),
+        st => format!("{st}: {reason}"),
+    })
+}
+
 impl FromStr for Step {
     type Err = UnknownName;
 
@@ -739,6 +750,15 @@ mod tests {
             e,
             "unknown arch `sparc` (expected x86_64, arm64 or unknown)"
         );
+        assert_eq!(
+            failure_text(Some(Step::Stage(State::Installing)), Some("kernel panic")).as_deref(),
+            Some("installing: kernel panic")
+        );
+        assert_eq!(
+            failure_text(Some(Step::Stage(State::Available)), None).as_deref(),
+            Some("while available: no reason given")
+        );
+        assert_eq!(failure_text(None, Some("x")), None);
         let e = "52:54:00".parse::<Mac>().unwrap_err().to_string();
         assert!(e.starts_with("`52:54:00` is not a MAC address"), "{e}");
         let m: Mac = "52-54-00-AB-cd-EF".parse().unwrap();

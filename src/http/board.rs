@@ -109,9 +109,7 @@ fn rfc3339(t: DateTime<Utc>) -> String {
 
 /// Why a node is failed or quarantined, in words: `<step>: <reason>`.
 pub fn reason_of(n: &NodeView) -> Option<String> {
-    let step = n.failed_step?;
-    let reason = n.failed_reason.as_deref().unwrap_or("no reason given");
-    Some(format!("{step}: {reason}"))
+    crate::model::failure_text(n.failed_step, n.failed_reason.as_deref())
 }
 
 /// The name pages and links use: the operator's name, else the hostname, else the id.

@@ -68,7 +68,10 @@ fn status_page_shows_where_each_node_is_and_why_it_failed() {
         .find(|r| r.contains("x86-b"))
         .expect("row for x86-b");
     assert!(row_b.contains("data-state=\"failed\""), "{row_b}");
-    assert!(row_b.contains("available: disk 2 SMART errors"), "{row_b}");
+    assert!(
+        row_b.contains("while available: disk 2 SMART errors"),
+        "{row_b}"
+    );
     assert!(row_b.contains(" s</span>"), "time in stage: {row_b}");
     let row_a = dom.split("<tr ").find(|r| r.contains("gh200-a")).unwrap();
     assert!(
@@ -115,7 +118,7 @@ fn status_page_shows_where_each_node_is_and_why_it_failed() {
     assert!(dom.contains("<title>pxed: x86-b</title>"), "{dom}");
     assert!(dom.contains("marked_failed"), "{dom}");
     assert!(
-        dom.contains("failed at available: disk 2 SMART errors"),
+        dom.contains("failed — while available: disk 2 SMART errors"),
         "{dom}"
     );
     // The same page by name and by MAC (what a technician reads off the machine).
