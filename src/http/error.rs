@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
 use crate::lifecycle::apply::ApplyError;
-use crate::lifecycle::transition::TransitionError;
+use crate::lifecycle::transition::{TransitionError, operator_actions, operator_verb};
 use crate::store::StoreError;
 
 /// An API error: a status, a short machine-readable code and a human reason.
@@ -117,8 +117,34 @@ impl From<TransitionError> for ApiError {
             TransitionError::StaleGeneration { .. } => {
                 ApiError::new(StatusCode::FORBIDDEN, "stale_token", t.to_string())
             }
-            TransitionError::NoImage => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "no_image", t.to_string())
+            // The API fills in `default_image` before the transition sees the
+            // request, so reaching here means none is set either: say what to do.
+            TransitionError::NoImage => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no_image",
+                format!(
+                    "{t}, and no default_image is configured: name one with `image` \
+                     (the CLI's --image; `pxed image list` shows the imported ones)"
+                ),
+            ),
+            // An operator's action the state refuses: say what the state allows.
+            TransitionError::NotAllowed { state, event } => {
+                let detail = match operator_verb(event) {
+                    Some(verb) => {
+                        let s = state.as_str();
+                        let a = if s.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                            "an"
+                        } else {
+                            "a"
+                        };
+                        format!(
+                            "cannot {verb} {a} {s} node ({a} {s} node can: {})",
+                            operator_actions(state).join(", ")
+                        )
+                    }
+                    None => t.to_string(),
+                };
+                ApiError::new(StatusCode::CONFLICT, "invalid_state", detail)
             }
             _ => ApiError::new(StatusCode::CONFLICT, "invalid_state", t.to_string()),
         }

@@ -713,6 +713,37 @@ fn installer_served(node: &Node, policy: &Policy) -> Outcome {
     changed(node, next, policy, Duration::ZERO, vec![clear], None)
 }
 
+/// The operator's verbs (the API's actions and the CLI's subcommands) that change a
+/// node in `state`, as [`transition`] decides them (a test holds the two together): a
+/// refused action names what the operator can do instead, e.g. that a failed node
+/// leaves `failed` by a reinstall (its disk is in an unknown state), not a release.
+pub fn operator_actions(state: State) -> &'static [&'static str] {
+    match state {
+        State::Discovered => &["enroll", "quarantine"],
+        State::Available => &["allocate", "reinstall", "quarantine", "fail"],
+        State::Allocated => &["release", "reinstall", "quarantine", "fail"],
+        State::Reclaiming | State::Netbooting | State::Installing | State::FirstBoot => {
+            &["quarantine", "fail"]
+        }
+        State::Failed => &["reinstall", "quarantine"],
+        State::Quarantined => &["restore"],
+    }
+}
+
+/// The operator's verb an event comes from, if it comes from one.
+pub fn operator_verb(event: &str) -> Option<&'static str> {
+    Some(match event {
+        "enrolled" => "enroll",
+        "allocated" => "allocate",
+        "released" => "release",
+        "reinstall_requested" => "reinstall",
+        "quarantined" => "quarantine",
+        "restored" => "restore",
+        "marked_failed" => "fail",
+        _ => return None,
+    })
+}
+
 /// Whether [`Event::NetbootObserved`] (its `after_reset` as given) can change a node in
 /// `state` whose current generation's netboot was `observed` already, as
 /// [`transition`] decides it: DHCP sightings that cannot are not sent through the
@@ -1382,6 +1413,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `operator_actions` lists exactly the operator events that change a node in each
+    /// state, and `operator_verb` names each of them.
+    #[test]
+    fn operator_actions_agree_with_the_transition() {
+        for state in State::ALL {
+            let node = node_in(state);
+            let events = [
+                Event::Enrolled,
+                Event::Allocated,
+                Event::Released,
+                Event::ReinstallRequested {
+                    image: None,
+                    token: token("tok-5"),
+                },
+                Event::Quarantined { reason: "r".into() },
+                Event::Restored,
+                Event::MarkedFailed { reason: "r".into() },
+            ];
+            let changing: Vec<&str> = events
+                .iter()
+                .filter(|e| matches!(transition(&node, e, &policy()), Ok(Outcome::Changed(_))))
+                .map(|e| operator_verb(e.name()).expect("an operator event"))
+                .collect();
+            assert_eq!(operator_actions(state), changing.as_slice(), "{state}");
+        }
+        assert_eq!(operator_verb("installed"), None);
     }
 
     /// A plausible record for a node sitting in `state`, one retry already spent.

@@ -468,7 +468,12 @@ fn operator_actions_labels_and_power_cycle() {
     assert_eq!(listed(&["--state", "available"]), ["52:54:00:00:40:02"]);
     // An action the state does not allow: the server's reason, nothing changed.
     let (ok, _, err) = pxed(&d, &["node", "fail", "r2u1", "--reason", "x"], "tok");
-    assert!(!ok && err.contains("409: invalid_state"), "{err}");
+    assert!(
+        !ok && err.contains(
+            "409: invalid_state: cannot fail a quarantined node (a quarantined node can: restore)"
+        ),
+        "{err}"
+    );
     for (action, state) in [
         ("restore", "available"),
         ("allocate", "allocated"),
@@ -481,7 +486,9 @@ fn operator_actions_labels_and_power_cycle() {
     }
     let (ok, _, err) = pxed(&d, &["node", "enroll", "r2u1"], "tok");
     assert!(
-        !ok && err.contains("not allowed in state available"),
+        !ok && err.contains(
+            "cannot enroll an available node (an available node can: allocate, reinstall, quarantine, fail)"
+        ),
         "{err}"
     );
 

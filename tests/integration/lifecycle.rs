@@ -1178,6 +1178,14 @@ async fn bad_input_gets_json_errors_and_changes_nothing() {
         .node_post(id, "reinstall", Some(json!({"image": "nope"})))
         .await;
     assert_eq!((s, v["error"].as_str()), (422, Some("unknown_image")));
+    // No image named, none on the node and no default_image: the reason says what to do.
+    let (s, v) = h.node_post(id, "reinstall", None).await;
+    assert_eq!((s, v["error"].as_str()), (422, Some("no_image")), "{v}");
+    let detail = v["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("default_image") && detail.contains("--image"),
+        "{v}"
+    );
     let (s, _) = h
         .node_post(id, "reinstall", Some(json!({"image": 5})))
         .await;
