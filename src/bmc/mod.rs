@@ -562,6 +562,18 @@ pub enum BmcError {
         /// What the BMC lists.
         found: String,
     },
+    /// Several systems and nothing to choose one by (no id, MAC or UUID given).
+    #[error(
+        "{driver} BMC lists {count} systems and none was chosen: give the system id (`system_id`; the CLI's --system-id or --bmc-system-id); found: {found}"
+    )]
+    SystemAmbiguous {
+        /// Driver.
+        driver: Driver,
+        /// How many systems the BMC lists.
+        count: usize,
+        /// What the BMC lists.
+        found: String,
+    },
     /// The override was written but reading it back shows something else.
     #[error(
         "{driver} BMC did not apply the boot override after {attempts} attempts: wanted {wanted}, reads back {got}"
@@ -640,6 +652,7 @@ impl BmcError {
             | BmcError::AuthRefused { driver, .. }
             | BmcError::NotSupported { driver, .. }
             | BmcError::SystemNotFound { driver, .. }
+            | BmcError::SystemAmbiguous { driver, .. }
             | BmcError::OverrideNotApplied { driver, .. }
             | BmcError::PowerDidNotChange { driver, .. }
             | BmcError::Timeout { driver, .. }
@@ -655,6 +668,7 @@ impl BmcError {
             BmcError::AuthRefused { .. } => "auth_refused",
             BmcError::NotSupported { .. } => "not_supported",
             BmcError::SystemNotFound { .. } => "system_not_found",
+            BmcError::SystemAmbiguous { .. } => "system_ambiguous",
             BmcError::OverrideNotApplied { .. } => "override_not_applied",
             BmcError::PowerDidNotChange { .. } => "power_did_not_change",
             BmcError::Timeout { .. } => "timeout",

@@ -668,14 +668,19 @@ impl RedfishBmc {
             .map(|m| crate::model::normalize_mac(m).unwrap_or_else(|| m.to_ascii_lowercase()));
         let want_uuid = self.match_uuid.as_deref().map(str::to_ascii_lowercase);
         if want_mac.is_none() && want_uuid.is_none() {
-            if members.len() == 1 {
-                return Ok(members[0].clone());
-            }
-            return Err(BmcError::SystemNotFound {
-                driver: D,
-                wanted: "a single system (none configured: set system_id, MAC or UUID)".into(),
-                found: members.join(", "),
-            });
+            return match members.as_slice() {
+                [only] => Ok(only.clone()),
+                [] => Err(BmcError::SystemNotFound {
+                    driver: D,
+                    wanted: "any id".into(),
+                    found: "no systems".into(),
+                }),
+                _ => Err(BmcError::SystemAmbiguous {
+                    driver: D,
+                    count: members.len(),
+                    found: members.join(", "),
+                }),
+            };
         }
         for m in &members {
             let sys = self.get(Step::FindSystem, m).await?.body;

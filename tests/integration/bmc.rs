@@ -883,6 +883,15 @@ const REDFISH_FAULTS: &[Fault] = &[
         says: &["02:00:00:00:00:99", NODE1, NODE2],
         ..BASE
     },
+    Fault {
+        name: "two systems, none chosen",
+        peer: Peer::Sushy,
+        select: Select::Any,
+        call: Call::PowerState,
+        kind: "system_ambiguous",
+        says: &["lists 2 systems", "--system-id", NODE1, NODE2],
+        ..BASE
+    },
 ];
 
 const IPMI_FAULTS: &[Fault] = &[
