@@ -290,8 +290,11 @@ async fn flush(
                 _ => "other",
             };
             kinds.insert((node.id, node.generation), kind);
+            // Worded as the board and the node page word it.
             detail = Some(match (node.failed_step, &node.failed_reason) {
-                (Some(step), Some(r)) => format!("{step}: {r}"),
+                (Some(step), Some(r)) => {
+                    crate::model::failure_text(Some(step), Some(r)).unwrap_or_else(|| r.clone())
+                }
                 (None, Some(r)) => r.clone(),
                 _ => kind.to_string(),
             });
