@@ -450,6 +450,8 @@ struct NodePage<'a> {
     labels: &'a Labels,
     stage: &'a StageView,
     reason: Option<&'a str>,
+    /// What a reinstall without an image would install.
+    image_next: &'a str,
     bmc: Option<&'a BmcRow>,
     timeline: Option<&'a board::Timeline>,
     previous: &'a [board::GenerationSummary],
@@ -523,6 +525,17 @@ async fn hardware_view(st: &AppState, id: i64) -> Result<HardwareView, ApiError>
             })
             .unwrap_or_default(),
     })
+}
+
+/// What a reinstall that names no image installs, as the API decides it: the config's
+/// `default_image`, else the node's last image, else nothing (the reinstall is refused).
+fn image_next(last: Option<&str>, default: Option<&str>) -> String {
+    match (default, last) {
+        (Some(d), Some(l)) if d == l => "a reinstall without an image installs it again".into(),
+        (Some(d), _) => format!("a reinstall without an image installs {d} (default_image)"),
+        (None, Some(_)) => "a reinstall without an image installs it again".into(),
+        (None, None) => "a reinstall must name an image: no default_image is configured".into(),
+    }
 }
 
 /// One stage seen on the wire, as the node page lists it.
@@ -614,6 +627,7 @@ async fn node_page(
         now,
     );
     let reason = board::reason_of(&n);
+    let image_next = image_next(n.image.as_deref(), st.cfg.default_image.as_deref());
     let buttons = buttons(&n, bmc.is_some());
     let hardware = hardware_view(&st, id).await?;
     render(NodePage {
@@ -622,6 +636,7 @@ async fn node_page(
         labels: &labels,
         stage: &stage,
         reason: reason.as_deref(),
+        image_next: &image_next,
         bmc: bmc.as_ref(),
         timeline: timeline.as_ref(),
         previous: &previous,
@@ -682,4 +697,32 @@ async fn events(State(st): State<Arc<AppState>>) -> Response {
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::image_next;
+
+    /// The node page's image line follows the API's choice: the request's image, else
+    /// `default_image`, else the node's last image.
+    #[test]
+    fn image_next_says_what_a_bare_reinstall_installs() {
+        assert_eq!(
+            image_next(Some("rocky-9"), Some("debian-12")),
+            "a reinstall without an image installs debian-12 (default_image)"
+        );
+        assert_eq!(
+            image_next(None, Some("debian-12")),
+            "a reinstall without an image installs debian-12 (default_image)"
+        );
+        assert_eq!(
+            image_next(Some("debian-12"), Some("debian-12")),
+            "a reinstall without an image installs it again"
+        );
+        assert_eq!(
+            image_next(Some("rocky-9"), None),
+            "a reinstall without an image installs it again"
+        );
+        assert!(image_next(None, None).contains("must name an image"));
+    }
 }

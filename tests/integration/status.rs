@@ -121,6 +121,11 @@ fn status_page_shows_where_each_node_is_and_why_it_failed() {
         dom.contains("failed — while available: disk 2 SMART errors"),
         "{dom}"
     );
+    // No image yet and no default_image: the page says a reinstall must name one.
+    assert!(
+        dom.contains("none yet <span class=\"muted\">(a reinstall must name an image: no default_image is configured)"),
+        "{dom}"
+    );
     // What the wire saw words the failure the same way (the stage recorder writes it
     // a moment after the transition).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
