@@ -313,21 +313,37 @@ fn dash<T: fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or_else(|| "-".into(), T::to_string)
 }
 
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
+}
+
 /// Lines summarising an inventory, for `pxed node inventory` and the node page.
 pub fn summary(inv: &Inventory) -> Vec<String> {
     let mut out = vec![format!(
         "system: {} {} serial {}",
         inv.system.vendor, inv.system.model, inv.system.serial
     )];
-    out.push(format!(
-        "cpu: {} ({} sockets, {} cores, {} threads), {} NUMA nodes, {} MiB",
-        inv.cpu.model,
-        inv.cpu.sockets,
-        inv.cpu.cores,
-        inv.cpu.threads,
-        inv.numa_nodes,
-        inv.memory_mib
-    ));
+    // A BMC's inventory may leave out what only the OS sees (sushy's fake systems
+    // report no processors): say "not reported" rather than "0 cores".
+    let c = &inv.cpu;
+    out.push(
+        if c.sockets == 0 && c.cores == 0 && c.threads == 0 && c.model.is_empty() {
+            format!(
+                "cpu: not reported, {} NUMA nodes, {} MiB",
+                inv.numa_nodes, inv.memory_mib
+            )
+        } else {
+            format!(
+                "cpu: {} ({} sockets, {} cores, {} threads), {} NUMA nodes, {} MiB",
+                or_dash(&c.model),
+                c.sockets,
+                c.cores,
+                c.threads,
+                inv.numa_nodes,
+                inv.memory_mib
+            )
+        },
+    );
     for d in inv.pci.iter().filter(|d| d.is_accelerator()) {
         out.push(format!(
             "accelerator {} {} numa {} link {} (max {})",
@@ -353,12 +369,8 @@ pub fn summary(inv: &Inventory) -> Vec<String> {
             "nic {} {} {} firmware {} {} Mb/s link {} numa {}{}",
             n.name,
             n.mac,
-            n.driver,
-            if n.firmware.is_empty() {
-                "-"
-            } else {
-                &n.firmware
-            },
+            or_dash(&n.driver),
+            or_dash(&n.firmware),
             dash(&n.speed_mbps),
             if n.link_up { "up" } else { "down" },
             dash(&n.numa_node),
@@ -568,6 +580,34 @@ pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a BMC left out reads as not reported, not as zero or blank.
+    #[test]
+    fn summary_says_what_was_not_reported() {
+        let inv = Inventory {
+            memory_mib: 32768,
+            nics: vec![Nic {
+                name: "eth0".into(),
+                mac: "52:54:00:12:34:56".into(),
+                ..Nic::default()
+            }],
+            ..Inventory::default()
+        };
+        let lines = summary(&inv);
+        assert_eq!(lines[1], "cpu: not reported, 0 NUMA nodes, 32768 MiB");
+        assert_eq!(
+            lines[2],
+            "nic eth0 52:54:00:12:34:56 - firmware - - Mb/s link down numa -"
+        );
+        let inv = Inventory {
+            cpu: Cpu {
+                cores: 72,
+                ..Cpu::default()
+            },
+            ..inv
+        };
+        assert!(summary(&inv)[1].starts_with("cpu: - (0 sockets, 72 cores"));
+    }
 
     /// A capture under `tests/fixtures/{dir}/`, without the leading `#` lines that
     /// name its source.
