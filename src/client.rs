@@ -986,6 +986,7 @@ async fn node(cmd: NodeCmd) -> Result<(), ClientError> {
                 print_json(&v);
             } else {
                 table(NODE_HEADERS, vec![node_row(&v.node)]);
+                println!("\nImage: {}", v.node.image.as_deref().unwrap_or("none yet"));
                 if let Some(b) = &v.bmc {
                     println!(
                         "\nBMC: {} {} user {} (tls pin {})",

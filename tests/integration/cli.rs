@@ -79,6 +79,7 @@ fn node_commands_tables_and_json() {
     let (ok, out, _) = pxed(&d, &["node", "show", "52-54-00-00-20-02"], "tok");
     assert!(ok);
     assert!(out.contains("registered"), "{out}");
+    assert!(out.contains("\nImage: none yet\n"), "{out}");
     assert!(
         out.contains("BMC: redfish https://10.0.0.9 user root"),
         "{out}"
