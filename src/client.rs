@@ -537,7 +537,7 @@ pub enum ClientError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}: {}", why_unreachable(.source))]
     Http { url: String, source: reqwest::Error },
     #[error("{status}: {error}: {detail}")]
     Api {
@@ -547,6 +547,13 @@ pub enum ClientError {
     },
     #[error("{0}")]
     Other(String),
+}
+
+/// Why a request failed: the HTTP client's causes (connection refused, a TLS failure)
+/// without its top line, which repeats the URL.
+fn why_unreachable(e: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    e.source().map_or_else(|| e.to_string(), crate::error_chain)
 }
 
 fn rt() -> tokio::runtime::Runtime {

@@ -35,3 +35,19 @@ pub mod telemetry;
 pub mod tftp;
 pub mod webhook;
 pub mod wire;
+
+/// An error and its sources, `: `-joined, each cause once (an HTTP client's error says
+/// "error sending request", its source says why: connection refused, a TLS failure).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}

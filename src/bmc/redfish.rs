@@ -161,20 +161,6 @@ impl fmt::Debug for RedfishBmc {
     }
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
-
 /// `redfish: Manufacturer Model, BIOS BiosVersion` of a ComputerSystem resource.
 fn model_of(sys: &Value) -> String {
     let field = |k: &str| sys[k].as_str().unwrap_or("?").trim().to_string();
@@ -389,7 +375,7 @@ impl RedfishBmc {
             .no_proxy()
             .tls_backend_preconfigured(tls)
             .build()
-            .map_err(|e| proto_err(chain(&e)))?;
+            .map_err(|e| proto_err(crate::error_chain(&e)))?;
         if insecure && base.starts_with("https://") {
             tracing::warn!(bmc = %base, "TLS verification disabled for this BMC (insecure opt-out)");
         }
@@ -447,14 +433,14 @@ impl RedfishBmc {
                 driver: D,
                 step,
                 address: self.base.clone(),
-                message: chain(&e),
+                message: crate::error_chain(&e),
             }
         } else {
             BmcError::Protocol {
                 driver: D,
                 step,
                 status: None,
-                message: chain(&e),
+                message: crate::error_chain(&e),
             }
         }
     }

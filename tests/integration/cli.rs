@@ -80,6 +80,19 @@ fn node_commands_tables_and_json() {
     assert!(ok);
     assert!(out.contains("registered"), "{out}");
     assert!(out.contains("\nImage: none yet\n"), "{out}");
+    // No server there: the reason is the connection's, not "error sending request".
+    let (ok, _, err) = crate::common::run(
+        Command::new(pxed_bin())
+            .args(["node", "list"])
+            .env("PXED_URL", "http://127.0.0.1:9")
+            .env("PXED_API_TOKEN", "tok"),
+    );
+    assert!(
+        !ok && err.contains("cannot reach http://127.0.0.1:9/api/v1/nodes")
+            && err.contains("Connection refused")
+            && !err.contains("error sending request"),
+        "{err}"
+    );
     assert!(
         out.contains("BMC: redfish https://10.0.0.9 user root"),
         "{out}"
