@@ -166,18 +166,7 @@ pub fn main() -> ExitCode {
 /// already print their source in their own message (`DHCP lease store: {0}`), so
 /// anyhow's `{:#}` would repeat the innermost reason once per level.
 fn chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    crate::error_chain(e.as_ref())
 }
 
 /// A command whose output goes to a pipe ends quietly when the reader goes away

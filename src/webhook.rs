@@ -357,15 +357,7 @@ impl Delivery {
                     self.stats.deliveries.inc(["unreachable"]);
                     // reqwest's error names the URL (it may hold a token): keep the
                     // causes only.
-                    let e = e.without_url();
-                    let mut why = e.to_string();
-                    let mut src = std::error::Error::source(&e);
-                    while let Some(s) = src {
-                        why.push_str(": ");
-                        why.push_str(&s.to_string());
-                        src = s.source();
-                    }
-                    why
+                    crate::error_chain(&e.without_url())
                 }
             };
             let delay = backoff(self.backoff, self.max_backoff, attempt);
