@@ -222,7 +222,8 @@ pub async fn run(
     let http = crate::net::ConnLimits::for_fd_limit(nofile);
     tracing::info!(
         nofile,
-        ?http,
+        http_connections = http.max,
+        http_reserved = http.reserve,
         max_booting = cfg.pacing.max_booting_within(http),
         "open-files limit"
     );
