@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
 use crate::lifecycle::apply::ApplyError;
-use crate::lifecycle::transition::{TransitionError, operator_actions, operator_verb};
+use crate::lifecycle::transition::{TransitionError, a_node_in, operator_actions, operator_verb};
 use crate::store::StoreError;
 
 /// An API error: a status, a short machine-readable code and a human reason.
@@ -131,14 +131,9 @@ impl From<TransitionError> for ApiError {
             TransitionError::NotAllowed { state, event } => {
                 let detail = match operator_verb(event) {
                     Some(verb) => {
-                        let s = state.as_str();
-                        let a = if s.starts_with(['a', 'e', 'i', 'o', 'u']) {
-                            "an"
-                        } else {
-                            "a"
-                        };
+                        let node = a_node_in(state);
                         format!(
-                            "cannot {verb} {a} {s} node ({a} {s} node can: {})",
+                            "cannot {verb} {node} ({node} can: {})",
                             operator_actions(state).join(", ")
                         )
                     }

@@ -366,10 +366,10 @@ struct Button {
 }
 
 fn buttons(n: &NodeView, has_bmc: bool) -> Vec<Button> {
-    use crate::lifecycle::transition::State as S;
+    use crate::lifecycle::transition::{State as S, a_node_in, operator_actions};
     let id = n.id;
-    let reinstall_off = (!matches!(n.state, S::Available | S::Allocated | S::Failed))
-        .then(|| format!("a {} node cannot be reinstalled", n.state));
+    let reinstall_off = (!operator_actions(n.state).contains(&"reinstall"))
+        .then(|| format!("{} cannot be reinstalled", a_node_in(n.state)));
     let cycle_off = if !has_bmc {
         Some("no BMC is registered".to_string())
     } else if n.state == S::Reclaiming {

@@ -730,6 +730,17 @@ pub fn operator_actions(state: State) -> &'static [&'static str] {
     }
 }
 
+/// "an installing node", "a failed node": for messages about a node in `state`.
+pub fn a_node_in(state: State) -> String {
+    let s = state.as_str();
+    let a = if s.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    format!("{a} {s} node")
+}
+
 /// The operator's verb an event comes from, if it comes from one.
 pub fn operator_verb(event: &str) -> Option<&'static str> {
     Some(match event {
@@ -1429,6 +1440,8 @@ mod tests {
             assert_eq!(operator_actions(state), changing.as_slice(), "{state}");
         }
         assert_eq!(operator_verb("installed"), None);
+        assert_eq!(a_node_in(State::Installing), "an installing node");
+        assert_eq!(a_node_in(State::FirstBoot), "a first_boot node");
     }
 
     /// A plausible record for a node sitting in `state`, one retry already spent.
