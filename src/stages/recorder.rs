@@ -291,12 +291,10 @@ async fn flush(
             };
             kinds.insert((node.id, node.generation), kind);
             // Worded as the board and the node page word it.
-            detail = Some(match (node.failed_step, &node.failed_reason) {
-                (Some(step), Some(r)) => {
-                    crate::model::failure_text(Some(step), Some(r)).unwrap_or_else(|| r.clone())
-                }
-                (None, Some(r)) => r.clone(),
-                _ => kind.to_string(),
+            detail = Some(match &node.failed_reason {
+                Some(r) => crate::model::failure_text(node.failed_step, Some(r))
+                    .unwrap_or_else(|| r.clone()),
+                None => kind.to_string(),
             });
         }
         writes.push(StageWrite {

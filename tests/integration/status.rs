@@ -128,25 +128,21 @@ fn status_page_shows_where_each_node_is_and_why_it_failed() {
     );
     // What the wire saw words the failure the same way (the stage recorder writes it
     // a moment after the transition).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let (_, page, _) =
-            run(Command::new("curl").args(["-sS", &d.url(&format!("/nodes/{}", b["id"]))]));
-        let wire = &page[page.find("seen on the wire").expect("wire section")..];
-        let wire = &wire[..wire.find("<h2>").unwrap_or(wire.len())];
-        if wire.contains("<td>failed</td>") {
-            assert!(
-                wire.contains("while available: disk 2 SMART errors"),
-                "{wire}"
-            );
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no failed stage: {wire}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    let wire = crate::common::wait_for(
+        "the failed stage on the node page",
+        std::time::Duration::from_secs(10),
+        || {
+            let (_, page, _) =
+                run(Command::new("curl").args(["-sS", &d.url(&format!("/nodes/{}", b["id"]))]));
+            let wire = &page[page.find("seen on the wire").expect("wire section")..];
+            let wire = &wire[..wire.find("<h2>").unwrap_or(wire.len())];
+            wire.contains("<td>failed</td>").then(|| wire.to_string())
+        },
+    );
+    assert!(
+        wire.contains("while available: disk 2 SMART errors"),
+        "{wire}"
+    );
     // The same page by name and by MAC (what a technician reads off the machine).
     for by in ["x86-b", "52-54-00-00-30-02"] {
         let page = fetch_html(&d.url(&format!("/nodes/{by}")));
