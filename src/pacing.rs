@@ -105,6 +105,10 @@ pub struct Slots {
     pub held_duplicates: Counter,
     /// Offers sent at once because the most offers were held already.
     pub held_overflow: Counter,
+    /// Held offers sent because `offer_delay_max_ms` passed with their slots still
+    /// full: the pacing is overrun (more nodes booting than the slots and the hold
+    /// cover), and the transfers it meant to queue run at once.
+    pub held_expired: Counter,
 }
 
 impl Slots {
@@ -217,6 +221,13 @@ impl Render for Slots {
             "Offers sent at once because the most offers were held already",
             "counter",
             self.held_overflow.get(),
+        );
+        sample(
+            out,
+            "pxed_dhcp_offers_held_expired_total",
+            "Held offers sent when offer_delay_max_ms passed with their transfer slots still full",
+            "counter",
+            self.held_expired.get(),
         );
     }
 }

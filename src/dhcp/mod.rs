@@ -482,7 +482,8 @@ fn hold(shared: &Arc<Shared>, wants: Wants, out: Outgoing, mac: Mac) -> Option<O
     let shared = shared.clone();
     tokio::spawn(async move {
         let since = tokio::time::Instant::now();
-        let go = wait_for_slot(&shared, wants, since + shared.pacing.offer_delay_max()).await;
+        let waited_for =
+            wait_for_slot(&shared, wants, since + shared.pacing.offer_delay_max()).await;
         let xid = shared
             .held
             .lock()
@@ -494,8 +495,10 @@ fn hold(shared: &Arc<Shared>, wants: Wants, out: Outgoing, mac: Mac) -> Option<O
             .slots
             .held_ms
             .add(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
-        if !go {
-            return;
+        match waited_for {
+            Held::Slot => {}
+            Held::Expired => shared.slots.held_expired.inc(),
+            Held::Shutdown => return,
         }
         let mut out = out;
         if let Some(xid) = xid {
@@ -507,11 +510,20 @@ fn hold(shared: &Arc<Shared>, wants: Wants, out: Outgoing, mac: Mac) -> Option<O
     None
 }
 
-/// Waits until the pacing decision for `wants` is to send, or `deadline`; `false`
-/// when the server is shutting down (the offer is then dropped).
-async fn wait_for_slot(shared: &Shared, wants: Wants, deadline: tokio::time::Instant) -> bool {
+/// How a held offer's wait ended.
+enum Held {
+    /// A slot of its kind is free: it goes.
+    Slot,
+    /// `offer_delay_max_ms` passed with the slots still full: it goes anyway.
+    Expired,
+    /// The server is shutting down: it is dropped.
+    Shutdown,
+}
+
+/// Waits until the pacing decision for `wants` is to send, or `deadline`.
+async fn wait_for_slot(shared: &Shared, wants: Wants, deadline: tokio::time::Instant) -> Held {
     let Some(freed) = shared.slots.freed(wants) else {
-        return true;
+        return Held::Slot;
     };
     loop {
         // Registered before the check, so a slot freed between the check and the
@@ -520,16 +532,16 @@ async fn wait_for_slot(shared: &Shared, wants: Wants, deadline: tokio::time::Ins
         tokio::pin!(notified);
         notified.as_mut().enable();
         if pace(wants, shared.slots.in_use(), &shared.pacing) == Pace::Send {
-            return true;
+            return Held::Slot;
         }
         tokio::select! {
             // CANCEL-SAFETY: a wake-up taken by a dropped `Notified` is handed on to
             // the next waiter by tokio.
             _ = &mut notified => {}
             // CANCEL-SAFETY: only waits.
-            _ = tokio::time::sleep_until(deadline) => return true,
+            _ = tokio::time::sleep_until(deadline) => return Held::Expired,
             // CANCEL-SAFETY: only waits.
-            _ = shared.cancel.cancelled() => return false,
+            _ = shared.cancel.cancelled() => return Held::Shutdown,
         }
     }
 }

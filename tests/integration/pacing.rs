@@ -169,6 +169,11 @@ async fn a_pxe_offer_waits_for_the_first_stage_slot_a_plain_one_does_not() {
     .await;
     assert!(metric(&slots, "pxed_dhcp_offers_held_ms_total") >= 1000);
     assert_eq!(metric(&slots, "pxed_dhcp_offers_held_total"), 1);
+    assert_eq!(
+        metric(&slots, "pxed_dhcp_offers_held_expired_total"),
+        0,
+        "it went for the freed slot"
+    );
     // Counted once `send_to` returned, which can be after the datagram arrived.
     until("the held offer to be counted", DEADLINE, async || {
         (stats.offers.get() == 2).then_some(())
@@ -353,6 +358,11 @@ async fn a_held_offer_goes_at_the_delay_max_and_requests_are_never_held() {
     );
     assert_eq!(slots.in_use().first_stage, 1, "the slot is still taken");
     assert_eq!(metric(&slots, "pxed_dhcp_offers_held_total"), 1);
+    assert_eq!(
+        metric(&slots, "pxed_dhcp_offers_held_expired_total"),
+        1,
+        "it went because the hold ran out, not for a slot"
+    );
 
     // Its REQUEST is answered at once although the slot is still taken.
     let mut r = pxe(request(MessageType::Request, mac, 0x301), 7);
