@@ -1173,7 +1173,7 @@ impl Config {
         let p = &self.pacing;
         if p.max_booting != 0 && p.max_booting <= p.max_streams {
             w.push(format!(
-                "pacing.max_booting ({}) is not above pacing.max_streams ({}): a booting place frees only when its installer fetches its configuration, and the machine powered on next spends its power cycle and POST before it asks for a byte, so a reclaim never fills the stream slots (1,000 nodes on the bench: max_booting 128 took 2.1x the byte floor, 1,024 and 256 1.5x)",
+                "pacing.max_booting ({}) is not above pacing.max_streams ({}): a booting place frees only when its installer fetches its configuration, and the machine powered on next spends its power cycle and POST before it asks for a byte, so a reclaim never fills the stream slots and runs slower (see the README's \"Booting places\")",
                 p.max_booting, p.max_streams
             ));
         }

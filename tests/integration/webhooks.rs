@@ -266,6 +266,20 @@ fn metric(text: &str, line_prefix: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Polls `d`'s `/metrics` for up to 20 s until the sample `line_prefix` is at least
+/// `at_least`; else fails with `why` and the daemon's log.
+async fn metric_reaches(api: &Api, d: &Daemon, line_prefix: &str, at_least: f64, why: &str) {
+    let reached = async || {
+        let m = api.text(d, "/metrics").await;
+        (metric(&m, line_prefix) >= at_least).then_some(())
+    };
+    assert!(
+        poll(Duration::from_secs(20), reached).await.is_some(),
+        "{why}\n{}",
+        d.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_change_arrives_once_in_order_signed_across_a_restart() {
     pxed::net::install_crypto_provider();
@@ -294,28 +308,26 @@ async fn every_change_arrives_once_in_order_signed_across_a_restart() {
     // Attempts against the stopped receiver are counted. Read before the kill: the
     // counters are this process's, and the next one may find the receiver back
     // before its first attempt.
-    let unreachable = async || {
-        let m = api.text(&d, "/metrics").await;
-        (metric(&m, "pxed_webhook_deliveries_total{result=\"unreachable\"}") >= 1.0).then_some(())
-    };
-    assert!(
-        poll(Duration::from_secs(20), unreachable).await.is_some(),
-        "no attempt against the stopped receiver was counted\n{}",
-        d.log_text()
-    );
+    metric_reaches(
+        &api,
+        &d,
+        "pxed_webhook_deliveries_total{result=\"unreachable\"}",
+        1.0,
+        "no attempt against the stopped receiver was counted",
+    )
+    .await;
     let dir = d.kill_keep_dir(Signal::SIGKILL);
     d = Daemon::start_in(dir, &args, ENV);
     failed_reinstall(&api, &d, a).await;
     // The gauge is refreshed by the pruner (after each queued event): poll it.
-    let depth = async || {
-        let m = api.text(&d, "/metrics").await;
-        (metric(&m, "pxed_webhook_queue_depth{target=\"0\"}") >= 6.0).then_some(())
-    };
-    assert!(
-        poll(Duration::from_secs(20), depth).await.is_some(),
-        "queue depth never showed the 6 waiting events\n{}",
-        d.log_text()
-    );
+    metric_reaches(
+        &api,
+        &d,
+        "pxed_webhook_queue_depth{target=\"0\"}",
+        6.0,
+        "queue depth never showed the 6 waiting events",
+    )
+    .await;
     assert_eq!(r.count(), 6, "nothing can have arrived while down");
 
     // Receiver back: the 4 + 2 changes queued while it was down arrive, in order, once.
