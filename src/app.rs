@@ -74,14 +74,28 @@ fn api_token(cfg: &Config) -> anyhow::Result<String> {
 
 /// The syslog receiver's UDP socket and a TCP listener on the same address and port
 /// (with port 0, the port UDP got).
+///
+/// A free UDP port may be in use for TCP by another process: with port 0, pxed then
+/// tries another UDP port (up to 16, each refused one held until the end so the kernel
+/// does not hand it out again) rather than start without a receiver. A configured port
+/// is tried once.
 fn bind_syslog(
     addr: std::net::SocketAddr,
 ) -> anyhow::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
-    let udp = crate::net::bind_udp(addr, None, false).context("syslog UDP")?;
-    let port = udp.local_addr()?.port();
-    let tcp =
-        crate::net::bind_tcp(std::net::SocketAddr::new(addr.ip(), port)).context("syslog TCP")?;
-    Ok((udp, tcp))
+    let tries = if addr.port() == 0 { 16 } else { 1 };
+    let mut refused = Vec::new();
+    loop {
+        let udp = crate::net::bind_udp(addr, None, false).context("syslog UDP")?;
+        let port = udp.local_addr()?.port();
+        match crate::net::bind_tcp(std::net::SocketAddr::new(addr.ip(), port)) {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e @ crate::net::NetError::InUse { .. }) if refused.len() + 1 < tries => {
+                tracing::debug!(error = %e, "syslog: TCP port taken, trying another");
+                refused.push(udp);
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("syslog TCP")),
+        }
+    }
 }
 
 /// How long in-flight work may take to drain after cancellation.
