@@ -175,9 +175,7 @@ impl Daemon {
             .arg(&data)
             .args(extra)
             .env("PXED_LOG", "info,pxed=debug")
-            .env_remove("PXED_API_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .env_remove("PXED_API_TOKEN");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -201,6 +199,14 @@ impl Daemon {
                 });
             }
         }
+        Self::spawn(cmd, dir)
+    }
+
+    /// Spawns `cmd` (a `pxed serve`, built by the caller) with its log captured, and
+    /// waits until HTTP (and TFTP when wired) listen. A command spawned on a thread
+    /// inside a network namespace runs in that namespace.
+    pub fn spawn(mut cmd: Command, dir: tempfile::TempDir) -> Daemon {
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn pxed");
         let log = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().expect("stderr");

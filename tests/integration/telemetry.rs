@@ -403,8 +403,6 @@ async fn malformed_and_unattributed_input_is_counted_and_the_receiver_lives_on()
 /// must come up on the second every time, whichever UDP port it was handed first.
 #[test]
 fn syslog_on_port_zero_gets_a_port_free_for_both_udp_and_tcp() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let ns = crate::netns::Netns::new("syslog");
     crate::netns::run(ns.std_command("sysctl").args([
         "-q",
@@ -414,49 +412,19 @@ fn syslog_on_port_zero_gets_a_port_free_for_both_udp_and_tcp() {
     let _held = ns.enter(|| std::net::TcpListener::bind("127.0.0.1:40000").expect("TCP 40000"));
     for round in 0..4 {
         let dir = tempfile::tempdir().expect("tempdir");
-        let data = dir.path().join("data");
-        // Spawned from a thread inside the namespace, the daemon lives there; HTTP and
-        // TFTP on fixed ports outside the two-port range.
-        let mut child = ns.enter(move || {
-            Command::new(pxed_bin())
-                .current_dir(repo())
-                .args([
-                    "serve",
-                    "--demo",
-                    "--http",
-                    "127.0.0.1:8080",
-                    "--tftp",
-                    "127.0.0.1:6969",
-                    "--data-dir",
-                ])
-                .arg(&data)
-                .env("PXED_LOG", "info")
-                .env("PXED_API_TOKEN", TOKEN)
-                .env_remove("PXED_DATABASE_URL")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn pxed")
-        });
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[pxed {round}] {line}");
-                if line.contains("syslog") && tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("pxed said nothing of its syslog receiver within 60 s");
-        let _ = child.kill();
-        let _ = child.wait();
-        drop(dir);
-        assert!(
-            line.contains("syslog listening") && line.contains("addr=127.0.0.1:40001"),
-            "round {round}: {line}"
-        );
+        // HTTP and TFTP on fixed ports outside the two-port range; SQLite whatever the
+        // run (the namespace cannot reach the host's PostgreSQL).
+        let mut cmd = Command::new(pxed_bin());
+        cmd.current_dir(repo())
+            .args(["serve", "--demo", "--http", "127.0.0.1:8080"])
+            .args(["--tftp", "127.0.0.1:6969", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .env("PXED_LOG", "info")
+            .env("PXED_API_TOKEN", TOKEN)
+            .env_remove("PXED_DATABASE_URL");
+        // Spawned from a thread inside the namespace, the daemon lives there.
+        let mut d = ns.enter(move || Daemon::spawn(cmd, dir));
+        let addr = d.wait_log_addr("syslog listening");
+        assert_eq!(addr, "127.0.0.1:40001", "round {round}:\n{}", d.log_text());
     }
 }
